@@ -1,0 +1,48 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# Setup keeps a torch already importable by $(PYTHON) (a CUDA build, say) and
+# otherwise installs the CPU build pinned below, never a multi-GB CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.slabstage-installed
+CPU_TORCH ?= torch==2.13.0
+CPU_TRITON ?= triton==3.6.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test bench bench-report profile clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if [ ! -x $(PY) ]; then \
+	  if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
+	    echo "setup: keeping the torch that $(PYTHON) already has"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else \
+	    $(PYTHON) -m venv $(VENV); \
+	  fi; \
+	fi
+	@if ! $(PY) -c "import torch" >/dev/null 2>&1; then \
+	  echo "setup: installing $(CPU_TORCH) (CPU build) and $(CPU_TRITON)"; \
+	  $(PY) -m pip install -q --disable-pip-version-check "$(CPU_TORCH)" "$(CPU_TRITON)"; \
+	fi
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,bench]"
+	@touch $(STAMP)
+
+demo: setup
+	$(PY) -m slabstage demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m slabstage.bench run
+
+bench-report: setup
+	$(PY) -m slabstage.bench report
+
+profile: setup
+	$(PY) bench/profile.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis

@@ -1,0 +1,37 @@
+"""slabstage: stage multimodal prefill embeddings into a fixed-address slab, then replay.
+
+See README.md for the contract, the kernels and the graph runner.
+"""
+
+__version__ = "0.1.0"
+
+from .kernels import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, StagingError, media_index_from_mask,
+                      media_index_from_spans, new_error_word, raise_if_errors, reset_errors, stage_embeddings,
+                      stage_token_inputs)
+from .graph_runner import CaptureError, PrefillBatch, PrefillGraphRunner, default_token_buckets
+from .staging import (BufferRegistry, RegistryMismatchError, StagingBuffers, WidthContractError,
+                      resolve_input_embeds_width)
+
+__all__ = [
+    "BAD_MEDIA_INDEX",
+    "BAD_TOKEN_ID",
+    "BufferRegistry",
+    "CaptureError",
+    "MEDIA_COUNT_MISMATCH",
+    "PrefillBatch",
+    "PrefillGraphRunner",
+    "RegistryMismatchError",
+    "StagingBuffers",
+    "StagingError",
+    "WidthContractError",
+    "__version__",
+    "default_token_buckets",
+    "media_index_from_mask",
+    "media_index_from_spans",
+    "new_error_word",
+    "raise_if_errors",
+    "reset_errors",
+    "resolve_input_embeds_width",
+    "stage_embeddings",
+    "stage_token_inputs",
+]

@@ -1,0 +1,239 @@
+"""PrefillGraphRunner: capture the prefill forward around the slab, per bucket, and replay it."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import numbers
+import time
+from typing import Any, Callable
+
+import torch
+
+from ..kernels.media_index import to_device_pinned
+from ..kernels.stage_embeddings import plan_stage_embeddings
+from ..kernels.stage_token_inputs import plan_stage_token_inputs
+from ..staging.buffers import StagingBuffers
+from .batch import PrefillBatch
+from .buckets import default_token_buckets
+from .nvtx import nvtx_range
+
+__all__ = ["PrefillGraphRunner", "CaptureError"]
+
+log = logging.getLogger("slabstage")
+
+Forward = Callable[[dict], Any]
+
+
+class CaptureError(RuntimeError):
+    """``forward`` raised while a bucket was being captured; nothing was kept."""
+
+
+def _rows(out: Any, n: int, clone: bool) -> Any:
+    """``out`` (a tensor, or a tuple/list/dict of them) cut to its first ``n`` rows."""
+    if isinstance(out, torch.Tensor):
+        return out[:n].clone() if clone else out[:n]
+    if isinstance(out, dict):
+        return {k: _rows(v, n, clone) for k, v in out.items()}
+    if isinstance(out, (tuple, list)):
+        return type(out)(_rows(v, n, clone) for v in out)
+    raise TypeError(f"forward must return a tensor, or a tuple/list/dict of tensors; got {type(out).__name__}")
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is optional (extra "progress")
+        return None
+    return tqdm(total=total, desc="slabstage capture", unit="graph", leave=False)
+
+
+class PrefillGraphRunner:
+    """Capture ``forward`` around :class:`StagingBuffers` for a ladder of token buckets; replay it.
+
+    ``forward(views)`` takes ``buffers.registry.views(bucket)`` (every slot cut to
+    the bucket on its token axis) and returns a tensor, or a tuple/list/dict of
+    tensors, whose first axis is the token axis. Rows past the batch hold padding
+    (zero embeddings, zero ids and positions); ``forward`` must keep them from
+    changing real rows (causal attention within each sequence does).
+
+    Args:
+        buckets: token counts to capture (default :func:`default_token_buckets`).
+        max_padding_ratio: a batch whose bucket exceeds ``n * max_padding_ratio``
+            runs eagerly instead of padding that far.
+        enforce_eager: never capture. Without a CUDA device the runner is eager too.
+        pool: a graph memory pool (``torch.cuda.graph_pool_handle()``) to capture
+            into, shared with the engine's other graphs; default: a private pool.
+        after_stage: called with ``pad_to`` after staging, before replay or eager
+            forward (the tensor-parallel all-reduce of the slab goes here).
+        progress: show a progress bar while capturing (tqdm, when installed).
+    """
+
+    def __init__(self, forward: Forward, buffers: StagingBuffers, *, buckets=None, max_padding_ratio: float = 2.0,
+                 enforce_eager: bool = False, pool=None, after_stage: Callable[[int], None] | None = None,
+                 progress: bool = True) -> None:
+        if not callable(forward):
+            raise TypeError(f"forward must be callable, got {type(forward).__name__}")
+        if not isinstance(buffers, StagingBuffers):
+            raise TypeError(f"buffers must be StagingBuffers, got {type(buffers).__name__}")
+        capacity = buffers.registry.capacity
+        buckets = default_token_buckets(capacity) if buckets is None else buckets
+        sizes = sorted(set(buckets))
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1 for b in sizes):
+            raise ValueError(f"buckets must be positive ints, got {buckets!r}")
+        if sizes[-1] > capacity:
+            raise ValueError(f"bucket {sizes[-1]} exceeds the buffers' capacity of {capacity} tokens")
+        if isinstance(max_padding_ratio, bool) or not isinstance(max_padding_ratio, numbers.Real) \
+                or max_padding_ratio < 1:
+            raise ValueError(f"max_padding_ratio must be a number >= 1, got {max_padding_ratio!r}")
+        self.forward = forward
+        self.buffers = buffers
+        self.registry = buffers.registry
+        self.buckets = [int(b) for b in sizes]
+        self.max_padding_ratio = float(max_padding_ratio)
+        self.after_stage = after_stage
+        self.progress = progress
+        self._user_pool = pool
+        self.pool = pool
+        self.eager = bool(enforce_eager) or buffers.device.type != "cuda"
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
+        self._signature = None
+        self._said_eager = False
+        self.last_bucket: int | None = None  # bucket of the last run, None when it ran eagerly
+        self.capture_seconds = 0.0
+        self.capture_bytes = 0
+
+    # -- capture ----------------------------------------------------------------------
+    @property
+    def captured(self) -> bool:
+        return bool(self._graphs)
+
+    def capture(self) -> "PrefillGraphRunner":
+        """Capture every bucket, largest first, into one pool; freeze the registry."""
+        if self.eager:
+            self._say_eager()
+            return self
+        if self._graphs:
+            raise RuntimeError("already captured: call reset() before capturing again")
+        device = self.buffers.device
+        torch.cuda.synchronize(device)
+        reserved0 = torch.cuda.memory_reserved(device)
+        start = time.perf_counter()
+        graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
+        pool = self._user_pool
+        bar = _progress(len(self.buckets), self.progress)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        bucket = None
+        try:
+            with torch.cuda.stream(stream), nvtx_range("slabstage.capture"):
+                for bucket in reversed(self.buckets):
+                    views = self.registry.views(bucket)
+                    self.forward(views)  # warm-up: lazy init and autotuning stay out of the graph
+                    graph = torch.cuda.CUDAGraph()
+                    graph.capture_begin(pool=pool)
+                    try:
+                        out = self.forward(views)
+                    finally:
+                        graph.capture_end()
+                    _rows(out, 0, False)  # the output's structure is checked now, not at replay
+                    pool = graph.pool() if pool is None else pool
+                    graphs[bucket] = (graph, out)
+                    if bar is not None:
+                        bar.update(1)
+        except Exception as e:
+            graphs.clear()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            torch.cuda.synchronize(device)
+            raise CaptureError(f"forward raised while capturing the {bucket}-token bucket: {e!r}; "
+                               f"no graph was kept, capture() can be called again") from e
+        finally:
+            if bar is not None:
+                bar.close()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # warm-up blocks go back; what stays reserved is the graphs' pool
+        self.capture_seconds = time.perf_counter() - start
+        self.capture_bytes = torch.cuda.memory_reserved(device) - reserved0
+        self._graphs, self.pool = graphs, pool
+        self._signature = self.registry.signature()
+        self.registry.freeze()
+        log.info("slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s, %.1f MiB of GPU memory",
+                 len(graphs), self.buckets[0], self.buckets[-1], self.capture_seconds, self.capture_bytes / 2**20)
+        return self
+
+    def reset(self) -> None:
+        """Drop the graphs and unfreeze the registry (slots may then be replaced)."""
+        self._graphs.clear()
+        self._signature = None
+        self.pool = self._user_pool
+        self.registry.unfreeze()
+
+    def _say_eager(self) -> None:
+        if not self._said_eager:
+            why = "enforce_eager=True" if self.buffers.device.type == "cuda" else "no CUDA device"
+            log.warning("slabstage: running prefill eagerly (%s): no CUDA graphs are captured", why)
+            self._said_eager = True
+
+    # -- run --------------------------------------------------------------------------
+    def bucket_for(self, n: int) -> int | None:
+        """The bucket a batch of ``n`` tokens replays in, or None when it runs eagerly."""
+        if not self._graphs:
+            return None
+        i = bisect.bisect_left(self.buckets, n)
+        if i == len(self.buckets) or self.buckets[i] > n * self.max_padding_ratio:
+            return None
+        return self.buckets[i]
+
+    def run(self, batch: PrefillBatch, *, clone: bool = False) -> Any:
+        """Stage ``batch``, replay its bucket's graph (or run eagerly) and return the outputs.
+
+        The outputs are the first ``n`` rows of static graph memory: the next
+        ``run`` overwrites them. Pass ``clone=True`` (or copy them) to keep them.
+        Every check happens before anything is written; a bad batch leaves the
+        buffers as they were. No host synchronisation on the graph path.
+        """
+        if not isinstance(batch, PrefillBatch):
+            raise TypeError(f"run() takes a PrefillBatch, got {type(batch).__name__}")
+        n = batch.num_tokens
+        bucket = self.bucket_for(n)
+        if bucket is not None:
+            self.registry.check(self._signature)
+        elif self.eager or not self._graphs:
+            self._say_eager()
+        launches = self._plan(batch, bucket or n)
+        with nvtx_range("slabstage.stage"):
+            for launch in launches:
+                launch()
+        if self.after_stage is not None:
+            self.after_stage(bucket or n)
+        self.last_bucket = bucket
+        if bucket is None:
+            with nvtx_range("slabstage.eager"):
+                out = self.forward(self.registry.views(n))
+        else:
+            graph, out = self._graphs[bucket]
+            with nvtx_range("slabstage.replay"):
+                graph.replay()
+        return _rows(out, n, clone)
+
+    def _plan(self, batch: PrefillBatch, pad_to: int) -> tuple:
+        buf = self.buffers
+        if pad_to > buf.registry.capacity:
+            raise ValueError(f"batch of {batch.num_tokens} tokens exceeds the buffers' capacity of "
+                             f"{buf.registry.capacity} tokens")
+        tokens = plan_stage_token_inputs(
+            buf, input_ids=batch.input_ids, positions=batch.positions, out_cache_loc=batch.out_cache_loc,
+            mrope_positions=batch.mrope_positions, seq_lens=batch.seq_lens,
+            extend_start_loc=batch.extend_start_loc, pad_to=pad_to)
+        media_index = batch.media_index
+        if media_index is not None and media_index.device != buf.device and media_index.device.type == "cpu":
+            media_index = to_device_pinned(media_index, buf.device)
+        embeds = plan_stage_embeddings(
+            buf.input_embeds, buf.input_ids[:batch.num_tokens], batch.table, media=batch.media,
+            media_index=media_index, pad_to=pad_to, expand=batch.expand, text_scale=batch.text_scale,
+            vocab_range=batch.vocab_range, vocab_size=batch.vocab_size, media_owner=batch.media_owner,
+            errors=buf.errors)
+        return tokens, embeds

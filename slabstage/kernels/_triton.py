@@ -1,0 +1,68 @@
+"""Where Triton runs, and the one helper that picks launch settings."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # triton is a Linux dependency; elsewhere the references serve
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only on platforms without triton
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+# Read once, when the kernels are defined: the interpreter must be chosen before that.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# The interpreter (triton 3.x) rounds fp32 -> bf16 half-up and casts bf16 -> fp16 through
+# integers; the kernels then round by hand so that CPU runs match torch bit for bit.
+SOFT_CASTS = INTERPRET
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+if HAS_TRITON:
+
+    @triton.jit
+    def cast_to(x, DST: tl.constexpr, SOFT: tl.constexpr):
+        """x cast to DST with torch's rounding (round to nearest even)."""
+        if x.dtype == DST:
+            return x
+        y = x.to(tl.float32)  # exact for every source dtype we accept
+        if SOFT and DST == tl.bfloat16:
+            bits = y.to(tl.uint32, bitcast=True)
+            bits = bits + 0x7FFF + ((bits >> 16) & 1)
+            half = tl.where(y != y, 0x7FC0, bits >> 16).to(tl.uint16)
+            return half.to(tl.bfloat16, bitcast=True)
+        return y.to(DST)
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Triton runs on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1."""
+    return HAS_TRITON and (t.is_cuda or (INTERPRET and t.device.type == "cpu"))
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def row_launch_config(width: int, elem_bytes: int, *, divides: tuple[int, ...] = (),
+                      max_block_bytes: int = 8192) -> tuple[int, int]:
+    """(BLOCK, num_warps) for kernels that move one row piece per program.
+
+    BLOCK is a power of two of at most ``max_block_bytes`` that covers ``width``
+    when it can; it also divides each width in ``divides`` (tiled sources need
+    whole pieces). num_warps gives each thread about four 16-byte vectors.
+    """
+    block = min(next_pow2(width), max(16, max_block_bytes // elem_bytes))
+    for w in divides:
+        while w % block:
+            block //= 2
+    vectors = max(1, block * elem_bytes // 16)
+    num_warps = min(8, max(1, vectors // (32 * 4)))
+    return block, next_pow2(num_warps)

@@ -1,0 +1,111 @@
+"""The device error word and what its codes mean.
+
+The staging kernels never read out of bounds: a row whose token id or media index
+is invalid is zero-filled and reported in an ``int32[4]`` error word on the device:
+
+======== =====================================================================
+index    meaning
+======== =====================================================================
+0        OR of the codes below (0: nothing happened)
+1        number of rows flagged since the last reset
+2        first (smallest) flagged row, ``2**31 - 1`` when none
+3        placeholder count found by :func:`media_index_from_mask` (last call)
+======== =====================================================================
+
+Nothing on the host looks at the word until the engine calls
+:func:`raise_if_errors` (one sync, when it chooses) or passes ``strict=True``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..staging.buffers import ERROR_WORD_SIZE, NO_ROW, new_error_word
+
+__all__ = [
+    "BAD_TOKEN_ID",
+    "BAD_MEDIA_INDEX",
+    "MEDIA_COUNT_MISMATCH",
+    "StagingError",
+    "check_error_word",
+    "default_error_word",
+    "describe_errors",
+    "new_error_word",
+    "raise_if_errors",
+    "reset_errors",
+]
+
+BAD_TOKEN_ID = 1  # a text row's id is negative or >= the vocabulary size
+BAD_MEDIA_INDEX = 2  # a media row's index is >= the number of media rows
+MEDIA_COUNT_MISMATCH = 4  # placeholder rows in the mask != media rows given
+
+_NAMES = {
+    BAD_TOKEN_ID: "token id outside the vocabulary",
+    BAD_MEDIA_INDEX: "media index past the media rows",
+    MEDIA_COUNT_MISMATCH: "placeholder count differs from the media rows",
+}
+
+_DEFAULT_WORDS: dict[torch.device, torch.Tensor] = {}
+
+
+class StagingError(RuntimeError):
+    """Bad data found on the device by a staging kernel."""
+
+    def __init__(self, message: str, codes: int, rows: int, first_row: int | None, count: int):
+        super().__init__(message)
+        self.codes, self.rows, self.first_row, self.count = codes, rows, first_row, count
+
+
+def default_error_word(device: torch.device) -> torch.Tensor:
+    """The module-level error word of ``device``, used when a call passes none."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    word = _DEFAULT_WORDS.get(device)
+    if word is None:
+        word = _DEFAULT_WORDS[device] = new_error_word(device)
+    return word
+
+
+def check_error_word(errors: torch.Tensor, device: torch.device) -> None:
+    if (not isinstance(errors, torch.Tensor) or errors.dtype != torch.int32 or errors.dim() != 1
+            or errors.numel() < ERROR_WORD_SIZE or not errors.is_contiguous()):
+        raise ValueError(
+            f"errors must be a contiguous 1-D int32 tensor of at least {ERROR_WORD_SIZE} elements "
+            f"(see new_error_word), got {getattr(errors, 'dtype', type(errors))} "
+            f"shape {tuple(getattr(errors, 'shape', ()))}"
+        )
+    if errors.device != device:
+        raise ValueError(f"errors is on {errors.device} but the slab is on {device}")
+
+
+def describe_errors(codes: int) -> list[str]:
+    return [text for bit, text in _NAMES.items() if codes & bit] or ([f"unknown code {codes}"] if codes else [])
+
+
+def reset_errors(errors: torch.Tensor) -> None:
+    """Clear the word (asynchronously, on the current stream)."""
+    errors[:ERROR_WORD_SIZE].zero_()
+    errors[2] = NO_ROW
+
+
+def raise_if_errors(errors: torch.Tensor | None = None, *, device: torch.device | str | None = None) -> None:
+    """Read the error word (one host sync), reset it, and raise :class:`StagingError` if set.
+
+    With no ``errors``, the module-level word of ``device`` (default: the current
+    CUDA device, else CPU) is read.
+    """
+    if errors is None:
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        errors = default_error_word(torch.device(device))
+    codes, rows, first, count = (int(v) for v in errors[:ERROR_WORD_SIZE].tolist())
+    if codes == 0:
+        return
+    reset_errors(errors)
+    what = "; ".join(describe_errors(codes))
+    where = f"{rows} row(s) zero-filled, first at row {first}" if rows else "no rows written from bad sources"
+    if codes & MEDIA_COUNT_MISMATCH:
+        where += f"; the placeholder mask had {count} media rows"
+    raise StagingError(f"staging found bad input on the device: {what} ({where})", codes, rows,
+                       None if first == NO_ROW else first, count)

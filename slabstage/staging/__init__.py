@@ -1,0 +1,18 @@
+"""Width contract, preallocated buffers and the registry that capture and replay share."""
+
+from .buffers import ERROR_WORD_SIZE, StagingBuffers, new_error_word
+from .registry import BufferRegistry, RegistryMismatchError, Slot, SlotSignature
+from .width import WidthContractError, check_source_width, resolve_input_embeds_width
+
+__all__ = [
+    "BufferRegistry",
+    "ERROR_WORD_SIZE",
+    "RegistryMismatchError",
+    "Slot",
+    "SlotSignature",
+    "StagingBuffers",
+    "WidthContractError",
+    "check_source_width",
+    "new_error_word",
+    "resolve_input_embeds_width",
+]

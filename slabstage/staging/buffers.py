@@ -1,0 +1,142 @@
+"""The preallocated token-axis buffers of one prefill engine instance."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .registry import BufferRegistry
+
+__all__ = ["StagingBuffers", "ERROR_WORD_SIZE", "new_error_word"]
+
+# errors[0]: OR of the error codes (slabstage.kernels.errors), errors[1]: rows flagged,
+# errors[2]: first flagged row (INT32_MAX when none), errors[3]: last placeholder count seen.
+ERROR_WORD_SIZE = 4
+NO_ROW = 2**31 - 1
+
+
+def new_error_word(device: torch.device | str) -> torch.Tensor:
+    """A fresh device error word: ``int32[4]`` = (codes, rows flagged, first row, count)."""
+    word = torch.zeros(ERROR_WORD_SIZE, dtype=torch.int32, device=device)
+    word[2] = NO_ROW  # a device fill, no host copy: safe under sync debug mode
+    return word
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+class StagingBuffers:
+    """Every token-axis tensor of the prefill path, allocated once at capacity.
+
+    Slots (all in :attr:`registry`):
+
+    ================== ========================== ======================= ==========
+    name               shape                      dtype                   token axis
+    ================== ========================== ======================= ==========
+    input_ids          [max_num_tokens]           int64                   0
+    positions          [max_num_tokens]           int64                   0
+    out_cache_loc      [max_num_tokens]           cache_loc_dtype         0
+    input_embeds       [max_num_tokens, width]    embed_dtype, stride     0
+                                                  (width, 1)
+    mrope_positions    [3, max_num_tokens]        int64 (mrope=True)      1
+    seq_lens           [max_batch_size]           int32                   none
+    extend_start_loc   [max_batch_size]           int32                   none
+    num_tokens_non_padded [1]                     int32                   none
+    ================== ========================== ======================= ==========
+
+    Padded rows get zeros, except ``num_tokens_non_padded`` (written, never padded).
+    :attr:`errors` is the device error word the staging kernels report into.
+    Attribute access (``buffers.input_embeds``) reads the registry, so a slot
+    replaced there is what every reader sees.
+    """
+
+    def __init__(self, registry: BufferRegistry, *, max_num_tokens: int, max_batch_size: int,
+                 errors: torch.Tensor) -> None:
+        self.registry = registry
+        self.max_num_tokens = max_num_tokens
+        self.max_batch_size = max_batch_size
+        self.errors = errors
+        self._token_scratch: torch.Tensor | None = None
+
+    def token_scratch(self, numel: int) -> torch.Tensor:
+        """A device int64 buffer for packed host inputs, grown (rarely) and reused.
+
+        Reuse is safe: each call's copy into it and the kernel reading it are
+        ordered on the current stream.
+        """
+        if self._token_scratch is None or self._token_scratch.numel() < numel:
+            cap = 6 * self.max_num_tokens + 2 * self.max_batch_size
+            self._token_scratch = torch.empty(max(numel, cap), dtype=torch.int64, device=self.device)
+        return self._token_scratch[:numel]
+
+    @classmethod
+    def allocate(
+        cls,
+        *,
+        max_num_tokens: int,
+        max_batch_size: int,
+        embed_width: int,
+        embed_dtype: torch.dtype,
+        device: torch.device | str,
+        cache_loc_dtype: torch.dtype = torch.int64,
+        mrope: bool = False,
+    ) -> "StagingBuffers":
+        """Allocate every slot once; raise ``ValueError`` on an invalid argument."""
+        T = _positive_int("max_num_tokens", max_num_tokens)
+        B = _positive_int("max_batch_size", max_batch_size)
+        W = _positive_int("embed_width", embed_width)
+        if not isinstance(embed_dtype, torch.dtype) or not embed_dtype.is_floating_point:
+            raise ValueError(f"embed_dtype must be a floating torch.dtype, got {embed_dtype!r}")
+        if cache_loc_dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"cache_loc_dtype must be torch.int32 or torch.int64, got {cache_loc_dtype!r}")
+        if not isinstance(mrope, bool):
+            raise ValueError(f"mrope must be a bool, got {mrope!r}")
+        try:
+            device = torch.device(device)
+            torch.empty(0, device=device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device {device!r} is not usable: {e}") from None
+
+        reg = BufferRegistry()
+        reg.register("input_ids", torch.zeros(T, dtype=torch.int64, device=device))
+        reg.register("positions", torch.zeros(T, dtype=torch.int64, device=device))
+        reg.register("out_cache_loc", torch.zeros(T, dtype=cache_loc_dtype, device=device))
+        reg.register("input_embeds", torch.zeros(T, W, dtype=embed_dtype, device=device))
+        if mrope:
+            reg.register("mrope_positions", torch.zeros(3, T, dtype=torch.int64, device=device), token_axis=1)
+        reg.register("seq_lens", torch.zeros(B, dtype=torch.int32, device=device), token_axis=None)
+        reg.register("extend_start_loc", torch.zeros(B, dtype=torch.int32, device=device), token_axis=None)
+        reg.register("num_tokens_non_padded", torch.zeros(1, dtype=torch.int32, device=device),
+                     token_axis=None, pad=None)
+        return cls(reg, max_num_tokens=T, max_batch_size=B, errors=new_error_word(device))
+
+    # slots, read through the registry
+    input_ids = property(lambda self: self.registry["input_ids"])
+    positions = property(lambda self: self.registry["positions"])
+    out_cache_loc = property(lambda self: self.registry["out_cache_loc"])
+    input_embeds = property(lambda self: self.registry["input_embeds"])
+    seq_lens = property(lambda self: self.registry["seq_lens"])
+    extend_start_loc = property(lambda self: self.registry["extend_start_loc"])
+    num_tokens_non_padded = property(lambda self: self.registry["num_tokens_non_padded"])
+
+    @property
+    def mrope_positions(self) -> torch.Tensor | None:
+        return self.registry["mrope_positions"] if "mrope_positions" in self.registry else None
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_embeds.device
+
+    @property
+    def embed_width(self) -> int:
+        return self.input_embeds.shape[1]
+
+    def __repr__(self) -> str:
+        e = self.input_embeds
+        return (f"StagingBuffers(max_num_tokens={self.max_num_tokens}, max_batch_size={self.max_batch_size}, "
+                f"embed_width={e.shape[1]}, embed_dtype={e.dtype}, device={e.device}, "
+                f"slots={list(self.registry)})")

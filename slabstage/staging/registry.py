@@ -1,0 +1,175 @@
+"""One registry of named buffers, shared by staging, capture and replay."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import NamedTuple, Union
+
+import torch
+
+__all__ = ["BufferRegistry", "RegistryMismatchError", "SlotSignature", "Slot", "PadPolicy"]
+
+PadPolicy = Union[str, int, float, None]  # "zeros", a fill value, or None (leave)
+
+
+class RegistryMismatchError(RuntimeError):
+    """A slot's tensor changed (address, shape, stride, dtype or device) since capture."""
+
+
+class SlotSignature(NamedTuple):
+    data_ptr: int
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class Slot:
+    tensor: torch.Tensor
+    token_axis: int | None  # None: not sliced by views(n) (per-request and scalar slots)
+    pad: PadPolicy
+
+    @property
+    def fill_value(self) -> float | int | None:
+        """The value padded rows get, or None when they are left as they are."""
+        return 0 if self.pad == "zeros" else self.pad
+
+
+def _signature(t: torch.Tensor) -> SlotSignature:
+    return SlotSignature(t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+def _check_pad(name: str, pad: PadPolicy) -> None:
+    if pad is None or pad == "zeros":
+        return
+    if isinstance(pad, bool) or not isinstance(pad, numbers.Real):
+        raise ValueError(f"slot {name!r}: pad must be 'zeros', a number or None, got {pad!r}")
+
+
+class BufferRegistry:
+    """Named slots: a tensor, its token axis and how rows past the batch are padded.
+
+    Capture records :meth:`signature`; replay calls :meth:`check` with it, so a slot
+    that was reallocated or replaced is refused instead of replayed into stale memory.
+    After :meth:`freeze`, :meth:`register` and :meth:`replace` raise until
+    :meth:`unfreeze`.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[str, Slot] = {}
+        self._frozen = False
+
+    # -- building -----------------------------------------------------------------
+    def register(
+        self, name: str, tensor: torch.Tensor, *, token_axis: int | None = 0, pad: PadPolicy = "zeros"
+    ) -> torch.Tensor:
+        """Add slot ``name``. ``token_axis=None`` marks a slot that views(n) does not slice."""
+        self._refuse_if_frozen("register", name)
+        if name in self._slots:
+            raise ValueError(f"slot {name!r} is already registered; use replace() to swap its tensor")
+        self._slots[name] = self._make_slot(name, tensor, token_axis, pad)
+        return tensor
+
+    def replace(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Swap the tensor of an existing slot, keeping its token axis and pad policy."""
+        self._refuse_if_frozen("replace", name)
+        old = self.slot(name)
+        self._slots[name] = self._make_slot(name, tensor, old.token_axis, old.pad)
+        return tensor
+
+    def _make_slot(self, name: str, tensor: torch.Tensor, token_axis: int | None, pad: PadPolicy) -> Slot:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"slot {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
+        if token_axis is not None:
+            if not -tensor.dim() <= token_axis < tensor.dim():
+                raise ValueError(
+                    f"slot {name!r}: token_axis {token_axis} is out of range for a {tensor.dim()}-d tensor"
+                )
+            token_axis %= tensor.dim()
+        _check_pad(name, pad)
+        return Slot(tensor, token_axis, pad)
+
+    def _refuse_if_frozen(self, what: str, name: str) -> None:
+        if self._frozen:
+            raise RegistryMismatchError(
+                f"cannot {what} slot {name!r}: the registry is frozen by a captured graph; "
+                f"drop the graphs (or call unfreeze()) first"
+            )
+
+    def freeze(self) -> None:
+        self._frozen = True
+
+    def unfreeze(self) -> None:
+        self._frozen = False
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    # -- reading ------------------------------------------------------------------
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self._slots[name].tensor
+        except KeyError:
+            raise KeyError(f"no slot {name!r}; registered: {', '.join(self._slots) or 'none'}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._slots
+
+    def __iter__(self):
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def slot(self, name: str) -> Slot:
+        self[name]  # raises the KeyError with the slot list
+        return self._slots[name]
+
+    @property
+    def capacity(self) -> int:
+        """The most tokens every token-axis slot can hold."""
+        sizes = [s.tensor.shape[s.token_axis] for s in self._slots.values() if s.token_axis is not None]
+        return min(sizes) if sizes else 0
+
+    def views(self, n: int) -> dict[str, torch.Tensor]:
+        """Every slot, sliced to ``n`` on its token axis (slots without one whole)."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"views(n): n must be a non-negative int, got {n!r}")
+        out = {}
+        for name, s in self._slots.items():
+            if s.token_axis is None:
+                out[name] = s.tensor
+                continue
+            size = s.tensor.shape[s.token_axis]
+            if n > size:
+                raise ValueError(f"views({n}): slot {name!r} holds only {size} tokens")
+            out[name] = s.tensor.narrow(s.token_axis, 0, n)
+        return out
+
+    def signature(self) -> dict[str, SlotSignature]:
+        """Per slot: data_ptr, shape, stride, dtype and device, as they are now."""
+        return {name: _signature(s.tensor) for name, s in self._slots.items()}
+
+    def check(self, signature: dict[str, SlotSignature]) -> None:
+        """Raise :class:`RegistryMismatchError` naming each slot that differs from ``signature``."""
+        now = self.signature()
+        if now == signature:
+            return
+        problems = []
+        for name in sorted(set(now) | set(signature)):
+            if name not in now:
+                problems.append(f"slot {name!r} was removed")
+            elif name not in signature:
+                problems.append(f"slot {name!r} was added")
+            else:
+                for field in SlotSignature._fields:
+                    was, is_ = getattr(signature[name], field), getattr(now[name], field)
+                    if was != is_:
+                        shown = (hex(was), hex(is_)) if field == "data_ptr" else (was, is_)
+                        problems.append(f"slot {name!r} {field} changed from {shown[0]} to {shown[1]}")
+        raise RegistryMismatchError(
+            "buffers changed since capture (reallocated or replaced): " + "; ".join(problems)
+        )

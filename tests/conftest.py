@@ -1,0 +1,33 @@
+"""Test setup: the Triton interpreter runs the kernels on CPU tensors when no GPU is here.
+
+TRITON_INTERPRET must be set before slabstage's kernels are defined, so this runs
+before any test module imports slabstage.
+"""
+
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+# Kernel tests run on every device here: the interpreter on CPU, the real kernels on CUDA.
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    skip_multi = pytest.mark.skip(reason="needs two CUDA devices")
+    for item in items:
+        if "cuda" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_cuda)
+        if "multigpu" in item.keywords and (not HAS_CUDA or torch.cuda.device_count() < 2):
+            item.add_marker(skip_multi)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return torch.device(request.param)
