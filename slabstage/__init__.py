@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 from .kernels import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, StagingError, media_index_from_mask,
                       media_index_from_spans, new_error_word, raise_if_errors, reset_errors, stage_embeddings,
                       stage_token_inputs)
+from . import ops  # noqa: F401  registers torch.ops.slabstage.*
 from .graph_runner import CaptureError, PrefillBatch, PrefillGraphRunner, default_token_buckets
 from .staging import (BufferRegistry, RegistryMismatchError, StagingBuffers, WidthContractError,
                       resolve_input_embeds_width)

@@ -6,35 +6,45 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["nvtx_range", "RANGES"]
+__all__ = ["nvtx_range", "range_push", "range_pop", "RANGES"]
 
 RANGES = ("slabstage.stage", "slabstage.replay", "slabstage.eager", "slabstage.capture")
 
 _HAS_NVTX = torch.cuda.is_available()
+_open: list = []  # torch.profiler records opened by range_push, or None where none recorded
 
 
 def _profiler_on() -> bool:
-    try:
-        return torch.autograd.profiler._is_profiler_enabled
-    except AttributeError:  # pragma: no cover - older torch
-        return False
+    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
+
+
+def range_push(name: str) -> None:
+    """Open an NVTX range (with CUDA) and, while torch.profiler records, a profiler range.
+
+    The hot path's form: no generator, no allocation when nothing records.
+    """
+    record = None
+    if _profiler_on():
+        record = torch.profiler.record_function(name)
+        record.__enter__()
+    _open.append(record)
+    if _HAS_NVTX:
+        torch.cuda.nvtx.range_push(name)
+
+
+def range_pop() -> None:
+    if _HAS_NVTX:
+        torch.cuda.nvtx.range_pop()
+    record = _open.pop()
+    if record is not None:
+        record.__exit__(None, None, None)
 
 
 @contextmanager
 def nvtx_range(name: str):
-    """An NVTX range (when CUDA is there), and a torch.profiler range while one records.
-
-    Cheap when nothing records: one push and one pop, no allocation.
-    """
-    record = torch.profiler.record_function(name) if _profiler_on() else None
-    if record is not None:
-        record.__enter__()
-    if _HAS_NVTX:
-        torch.cuda.nvtx.range_push(name)
+    """``with nvtx_range(name):`` — :func:`range_push` / :func:`range_pop` around a block."""
+    range_push(name)
     try:
         yield
     finally:
-        if _HAS_NVTX:
-            torch.cuda.nvtx.range_pop()
-        if record is not None:
-            record.__exit__(None, None, None)
+        range_pop()

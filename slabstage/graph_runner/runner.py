@@ -10,13 +10,11 @@ from typing import Any, Callable
 
 import torch
 
-from ..kernels.media_index import to_device_pinned
-from ..kernels.stage_embeddings import plan_stage_embeddings
-from ..kernels.stage_token_inputs import plan_stage_token_inputs
+from ..kernels.stage_batch import plan_stage_batch
 from ..staging.buffers import StagingBuffers
 from .batch import PrefillBatch
 from .buckets import default_token_buckets
-from .nvtx import nvtx_range
+from .nvtx import nvtx_range, range_pop, range_push
 
 __all__ = ["PrefillGraphRunner", "CaptureError"]
 
@@ -31,6 +29,8 @@ class CaptureError(RuntimeError):
 
 def _rows(out: Any, n: int, clone: bool) -> Any:
     """``out`` (a tensor, or a tuple/list/dict of them) cut to its first ``n`` rows."""
+    if type(out) is torch.Tensor and not clone:
+        return out[:n]
     if isinstance(out, torch.Tensor):
         return out[:n].clone() if clone else out[:n]
     if isinstance(out, dict):
@@ -38,6 +38,14 @@ def _rows(out: Any, n: int, clone: bool) -> Any:
     if isinstance(out, (tuple, list)):
         return type(out)(_rows(v, n, clone) for v in out)
     raise TypeError(f"forward must return a tensor, or a tuple/list/dict of tensors; got {type(out).__name__}")
+
+
+def _is_rank0(group) -> bool:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    return dist.get_rank(group) == 0
 
 
 def _progress(total: int, enabled: bool):
@@ -69,11 +77,13 @@ class PrefillGraphRunner:
         after_stage: called with ``pad_to`` after staging, before replay or eager
             forward (the tensor-parallel all-reduce of the slab goes here).
         progress: show a progress bar while capturing (tqdm, when installed).
+        process_group: under tensor parallelism, the group this rank belongs to;
+            the progress bar and the capture log line then appear on rank 0 only.
     """
 
     def __init__(self, forward: Forward, buffers: StagingBuffers, *, buckets=None, max_padding_ratio: float = 2.0,
                  enforce_eager: bool = False, pool=None, after_stage: Callable[[int], None] | None = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, process_group=None) -> None:
         if not callable(forward):
             raise TypeError(f"forward must be callable, got {type(forward).__name__}")
         if not isinstance(buffers, StagingBuffers):
@@ -94,10 +104,13 @@ class PrefillGraphRunner:
         self.buckets = [int(b) for b in sizes]
         self.max_padding_ratio = float(max_padding_ratio)
         self.after_stage = after_stage
-        self.progress = progress
+        self.process_group = process_group
+        self.is_rank0 = _is_rank0(process_group)
+        self.progress = progress and self.is_rank0
         self._user_pool = pool
         self.pool = pool
-        self.eager = bool(enforce_eager) or buffers.device.type != "cuda"
+        self.enforce_eager = bool(enforce_eager)
+        self.eager = self.enforce_eager or buffers.device.type != "cuda"
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
         self._signature = None
         self._said_eager = False
@@ -136,8 +149,13 @@ class PrefillGraphRunner:
                     graph.capture_begin(pool=pool)
                     try:
                         out = self.forward(views)
-                    finally:
-                        graph.capture_end()
+                    except BaseException:
+                        try:  # end the capture, but report forward's error, not capture_end's echo of it
+                            graph.capture_end()
+                        except Exception:
+                            pass
+                        raise
+                    graph.capture_end()
                     _rows(out, 0, False)  # the output's structure is checked now, not at replay
                     pool = graph.pool() if pool is None else pool
                     graphs[bucket] = (graph, out)
@@ -160,7 +178,7 @@ class PrefillGraphRunner:
         self._graphs, self.pool = graphs, pool
         self._signature = self.registry.signature()
         self.registry.freeze()
-        log.info("slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s, %.1f MiB of GPU memory",
+        (log.info if self.is_rank0 else log.debug)("slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s, %.1f MiB of GPU memory",
                  len(graphs), self.buckets[0], self.buckets[-1], self.capture_seconds, self.capture_bytes / 2**20)
         return self
 
@@ -173,7 +191,12 @@ class PrefillGraphRunner:
 
     def _say_eager(self) -> None:
         if not self._said_eager:
-            why = "enforce_eager=True" if self.buffers.device.type == "cuda" else "no CUDA device"
+            if self.buffers.device.type != "cuda":
+                why = "no CUDA device" if not torch.cuda.is_available() else f"buffers on {self.buffers.device}"
+            elif self.enforce_eager:
+                why = "enforce_eager=True"
+            else:
+                why = "no graphs captured: capture() was not called or failed"
             log.warning("slabstage: running prefill eagerly (%s): no CUDA graphs are captured", why)
             self._said_eager = True
 
@@ -197,16 +220,18 @@ class PrefillGraphRunner:
         """
         if not isinstance(batch, PrefillBatch):
             raise TypeError(f"run() takes a PrefillBatch, got {type(batch).__name__}")
-        n = batch.num_tokens
+        n = batch.input_ids.shape[0]
         bucket = self.bucket_for(n)
         if bucket is not None:
             self.registry.check(self._signature)
         elif self.eager or not self._graphs:
             self._say_eager()
-        launches = self._plan(batch, bucket or n)
-        with nvtx_range("slabstage.stage"):
-            for launch in launches:
-                launch()
+        launch = self._plan(batch, bucket or n)
+        range_push("slabstage.stage")
+        try:
+            launch()
+        finally:
+            range_pop()
         if self.after_stage is not None:
             self.after_stage(bucket or n)
         self.last_bucket = bucket
@@ -215,25 +240,21 @@ class PrefillGraphRunner:
                 out = self.forward(self.registry.views(n))
         else:
             graph, out = self._graphs[bucket]
-            with nvtx_range("slabstage.replay"):
+            range_push("slabstage.replay")
+            try:
                 graph.replay()
+            finally:
+                range_pop()
         return _rows(out, n, clone)
 
-    def _plan(self, batch: PrefillBatch, pad_to: int) -> tuple:
+    def _plan(self, batch: PrefillBatch, pad_to: int):
         buf = self.buffers
         if pad_to > buf.registry.capacity:
             raise ValueError(f"batch of {batch.num_tokens} tokens exceeds the buffers' capacity of "
                              f"{buf.registry.capacity} tokens")
-        tokens = plan_stage_token_inputs(
-            buf, input_ids=batch.input_ids, positions=batch.positions, out_cache_loc=batch.out_cache_loc,
-            mrope_positions=batch.mrope_positions, seq_lens=batch.seq_lens,
-            extend_start_loc=batch.extend_start_loc, pad_to=pad_to)
-        media_index = batch.media_index
-        if media_index is not None and media_index.device != buf.device and media_index.device.type == "cpu":
-            media_index = to_device_pinned(media_index, buf.device)
-        embeds = plan_stage_embeddings(
-            buf.input_embeds, buf.input_ids[:batch.num_tokens], batch.table, media=batch.media,
-            media_index=media_index, pad_to=pad_to, expand=batch.expand, text_scale=batch.text_scale,
-            vocab_range=batch.vocab_range, vocab_size=batch.vocab_size, media_owner=batch.media_owner,
-            errors=buf.errors)
-        return tokens, embeds
+        return plan_stage_batch(
+            buf, input_ids=batch.input_ids, positions=batch.positions, table=batch.table,
+            out_cache_loc=batch.out_cache_loc, mrope_positions=batch.mrope_positions, seq_lens=batch.seq_lens,
+            extend_start_loc=batch.extend_start_loc, media=batch.media, media_index=batch.media_index,
+            expand=batch.expand, text_scale=batch.text_scale, vocab_range=batch.vocab_range,
+            vocab_size=batch.vocab_size, media_owner=batch.media_owner, pad_to=pad_to)

@@ -54,7 +54,8 @@ def media_index_from_spans(spans, num_tokens: int, *, device, num_media_rows: in
             raise ValueError(f"span {k} {span!r} runs past num_tokens={num_tokens}")
         if num_media_rows is not None and src + length > num_media_rows:
             raise ValueError(f"span {k} {span!r} reads past the {num_media_rows} media rows")
-        parsed.append((dst, length, src, k))
+        if length:  # an empty span covers no row, so it overlaps nothing
+            parsed.append((dst, length, src, k))
     parsed.sort()
     for (d0, l0, _, k0), (d1, _, _, k1) in zip(parsed, parsed[1:]):
         if d1 < d0 + l0:

@@ -8,6 +8,7 @@ from functools import partial
 import torch
 
 from ..staging.width import check_source_width
+from ._launch import FastLaunch, int_spec
 from ._triton import FLOAT_DTYPES, SOFT_CASTS, cast_to, row_launch_config, tl, triton, use_triton
 from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, check_error_word, default_error_word, raise_if_errors
 from .reference import stage_embeddings_reference
@@ -16,20 +17,20 @@ __all__ = ["stage_embeddings", "plan_stage_embeddings"]
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["n", "pad_to", "vocab_start", "vocab_end", "vocab_size", "num_media"])
-    def _stage_embeddings_kernel(
-        slab_ptr, ids_ptr, table_ptr, media_ptr, media_index_ptr, errors_ptr,
+    @triton.jit
+    def _embed_row(
+        pid, slab_ptr, ids_ptr, table_ptr, media_ptr, media_index_ptr, errors_ptr,
         n, pad_to, vocab_start, vocab_end, vocab_size, num_media, text_scale,
         stride_slab, stride_table, stride_media,
         WIDTH: tl.constexpr, TEXT_WIDTH: tl.constexpr, MEDIA_WIDTH: tl.constexpr,
         BLOCK: tl.constexpr, COL_BLOCKS: tl.constexpr,
         TEXT_TILED: tl.constexpr, MEDIA_TILED: tl.constexpr,
         HAS_MEDIA: tl.constexpr, MEDIA_OWNER: tl.constexpr, HAS_SCALE: tl.constexpr,
-        SOFT: tl.constexpr,
+        SOFT: tl.constexpr, BAD_ID_CODE: tl.constexpr, BAD_MEDIA_CODE: tl.constexpr,
     ):
-        # One program writes BLOCK columns of one slab row; the COL_BLOCKS pieces of a
-        # row are neighbours in launch order, so a tiled source is re-read from L2.
-        pid = tl.program_id(0)
+        """Program ``pid`` of the staging grid: BLOCK columns of one slab row."""
+        # The COL_BLOCKS pieces of a row are neighbours in launch order, so a tiled
+        # source is re-read from L2, not from memory.
         row = (pid // COL_BLOCKS).to(tl.int64)
         col0 = (pid % COL_BLOCKS) * BLOCK
         offs = tl.arange(0, BLOCK)
@@ -49,7 +50,7 @@ if triton is not None:
         read_text = is_text & (tok >= vocab_start) & (tok < vocab_end) & (tok < vocab_size)
 
         flag = (bad_id | bad_media) & (col0 == 0)  # one report per row
-        code = tl.where(bad_id, BAD_TOKEN_ID, BAD_MEDIA_INDEX)
+        code = tl.where(bad_id, BAD_ID_CODE, BAD_MEDIA_CODE)
         tl.atomic_or(errors_ptr, code, mask=flag)
         tl.atomic_add(errors_ptr + 1, 1, mask=flag)
         tl.atomic_min(errors_ptr + 2, row.to(tl.int32), mask=flag)
@@ -78,12 +79,31 @@ if triton is not None:
 
         tl.store(slab_ptr + row * stride_slab + cols, val, mask=col_ok)
 
+    @triton.jit(do_not_specialize=["n", "pad_to", "vocab_start", "vocab_end", "vocab_size", "num_media"])
+    def _stage_embeddings_kernel(
+        slab_ptr, ids_ptr, table_ptr, media_ptr, media_index_ptr, errors_ptr,
+        n, pad_to, vocab_start, vocab_end, vocab_size, num_media, text_scale,
+        stride_slab, stride_table, stride_media,
+        WIDTH: tl.constexpr, TEXT_WIDTH: tl.constexpr, MEDIA_WIDTH: tl.constexpr,
+        BLOCK: tl.constexpr, COL_BLOCKS: tl.constexpr,
+        TEXT_TILED: tl.constexpr, MEDIA_TILED: tl.constexpr,
+        HAS_MEDIA: tl.constexpr, MEDIA_OWNER: tl.constexpr, HAS_SCALE: tl.constexpr,
+        SOFT: tl.constexpr, BAD_ID_CODE: tl.constexpr, BAD_MEDIA_CODE: tl.constexpr,
+    ):
+        _embed_row(
+            tl.program_id(0), slab_ptr, ids_ptr, table_ptr, media_ptr, media_index_ptr, errors_ptr,
+            n, pad_to, vocab_start, vocab_end, vocab_size, num_media, text_scale,
+            stride_slab, stride_table, stride_media,
+            WIDTH, TEXT_WIDTH, MEDIA_WIDTH, BLOCK, COL_BLOCKS, TEXT_TILED, MEDIA_TILED,
+            HAS_MEDIA, MEDIA_OWNER, HAS_SCALE, SOFT, BAD_ID_CODE, BAD_MEDIA_CODE)
+
 
 def _is_int(x: object) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _check_rows(name: str, t: torch.Tensor, device: torch.device, *, floating: bool) -> None:
+def _check_source(name: str, t: object, device: torch.device, *, floating: bool, dims: int) -> None:
+    """Raise TypeError/ValueError when ``t`` is not a valid ``name`` argument; each attribute is read once."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     allowed = FLOAT_DTYPES if floating else (torch.int32, torch.int64)
@@ -91,24 +111,11 @@ def _check_rows(name: str, t: torch.Tensor, device: torch.device, *, floating: b
         raise TypeError(f"{name} dtype must be one of {', '.join(str(d) for d in allowed)}, got {t.dtype}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but the slab is on {device}: all inputs must share one device")
-
-
-def _check_matrix(name: str, t: torch.Tensor, device: torch.device) -> None:
-    _check_rows(name, t, device, floating=True)
-    if t.dim() != 2:
-        raise ValueError(f"{name} must be 2-D [rows, width], got shape {tuple(t.shape)}")
-    if t.shape[1] > 1 and t.stride(1) != 1:
-        raise ValueError(f"{name} rows must be contiguous (stride(1) == 1), got stride {t.stride()}")
-
-
-def _check_vector(name: str, t: torch.Tensor, device: torch.device, length: int | None = None) -> None:
-    _check_rows(name, t, device, floating=False)
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    if length is not None and t.shape[0] != length:
-        raise ValueError(f"{name} has {t.shape[0]} entries but input_ids has {length}: one per token")
-    if t.shape[0] > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous, got stride {t.stride()}")
+    if t.dim() != dims:
+        what = "2-D [rows, width]" if dims == 2 else "1-D"
+        raise ValueError(f"{name} must be {what}, got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must be contiguous along its last axis, got stride {t.stride()}")
 
 
 def stage_embeddings(
@@ -174,6 +181,23 @@ def plan_stage_embeddings(slab, input_ids, table, *, media=None, media_index=Non
 
     Lets a caller validate several staging steps before any of them writes.
     """
+    parts = embeddings_launch(slab, input_ids, table, media=media, media_index=media_index, pad_to=pad_to,
+                              expand=expand, text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size,
+                              media_owner=media_owner, errors=errors)
+    if callable(parts):
+        return parts
+    grid0, key, args, constexprs, num_warps = parts
+    return partial(_launch, (grid0,), key, args, constexprs, num_warps) if grid0 else _nothing
+
+
+def embeddings_launch(slab, input_ids, table, *, media=None, media_index=None, pad_to=None, expand="zeros",
+                      text_scale=None, vocab_range=None, vocab_size=None, media_owner=True, errors=None,
+                      check_ids_device: bool = True):
+    """Checks, then ``(grid0, key, args, constexprs, num_warps)`` for the Triton kernel or a reference partial.
+
+    ``check_ids_device=False`` lets ``input_ids``/``media_index`` stay on the host
+    (the fused batch launch moves them itself); they are then not dereferenced here.
+    """
     if not isinstance(slab, torch.Tensor):
         raise TypeError(f"slab must be a torch.Tensor, got {type(slab).__name__}")
     device = slab.device
@@ -183,22 +207,33 @@ def plan_stage_embeddings(slab, input_ids, table, *, media=None, media_index=Non
     rows, width = slab.shape
     if slab.stride() != (width, 1):
         raise ValueError(f"slab rows must be contiguous with stride ({width}, 1), got {slab.stride()}")
-    _check_vector("input_ids", input_ids, device)
+    _check_source("input_ids", input_ids, device if check_ids_device else input_ids.device, floating=False, dims=1)
     n = input_ids.shape[0]
-    _check_matrix("table", table, device)
-    if expand not in ("zeros", "repeat"):
+    _check_source("table", table, device, floating=True, dims=2)
+    if expand != "zeros" and expand != "repeat":
         raise ValueError(f'expand must be "zeros" or "repeat", got {expand!r}')
-    check_source_width("table", table.shape[1], width, expand)
+    text_width = table.shape[1]
+    if text_width != width:
+        check_source_width("table", text_width, width, expand)
+    media_width = width
     if media is not None:
-        _check_matrix("media", media, device)
-        check_source_width("media", media.shape[1], width, expand)
+        _check_source("media", media, device, floating=True, dims=2)
+        media_width = media.shape[1]
+        if media_width != width:
+            check_source_width("media", media_width, width, expand)
         if media_index is None:
             raise ValueError("media was given without media_index: say which rows are media rows")
     if media_index is not None:
-        _check_vector("media_index", media_index, device, n)
-    pad_to = n if pad_to is None else pad_to
-    if not _is_int(pad_to) or not n <= pad_to <= rows:
+        _check_source("media_index", media_index, device if check_ids_device else media_index.device,
+                      floating=False, dims=1)
+        if media_index.shape[0] != n:
+            raise ValueError(f"media_index has {media_index.shape[0]} entries but input_ids has {n}: one per token")
+    if pad_to is None:
+        pad_to = n
+    elif not _is_int(pad_to) or not n <= pad_to <= rows:
         raise ValueError(f"pad_to must be an int in [n={n}, slab rows={rows}], got {pad_to!r}")
+    if n > rows:
+        raise ValueError(f"{n} tokens exceed the slab's {rows} rows")
     if text_scale is not None and (isinstance(text_scale, bool) or not isinstance(text_scale, numbers.Real)):
         raise TypeError(f"text_scale must be a float or None, got {text_scale!r}")
     if vocab_range is None:
@@ -211,39 +246,37 @@ def plan_stage_embeddings(slab, input_ids, table, *, media=None, media_index=Non
         if not 0 <= vocab_start <= vocab_end or vocab_end - vocab_start > table.shape[0]:
             raise ValueError(f"vocab_range {vocab_range!r} needs 0 <= start <= end and end - start <= "
                              f"{table.shape[0]} table rows")
-    vocab_size = vocab_end if vocab_size is None else vocab_size
-    if not _is_int(vocab_size) or vocab_size < vocab_end:
+    if vocab_size is None:
+        vocab_size = vocab_end
+    elif not _is_int(vocab_size) or vocab_size < vocab_end:
         raise ValueError(f"vocab_size must be an int >= vocab end {vocab_end}, got {vocab_size!r}")
-    errors = default_error_word(device) if errors is None else errors
-    check_error_word(errors, device)
+    if errors is None:
+        errors = default_error_word(device)
+    else:
+        check_error_word(errors, device)
 
     if use_triton(slab):
-        if not pad_to:
-            return _nothing
-        text_tiled = expand == "repeat" and table.shape[1] < width
-        media_tiled = media is not None and expand == "repeat" and media.shape[1] < width
-        tiled = tuple(w for w, on in ((table.shape[1], text_tiled),
-                                      (media.shape[1] if media is not None else 0, media_tiled)) if on)
+        has_media = media is not None
+        text_tiled = expand == "repeat" and text_width < width
+        media_tiled = has_media and expand == "repeat" and media_width < width
+        tiled = (text_width,) * text_tiled + (media_width,) * media_tiled
         block, num_warps = row_launch_config(width, slab.element_size(), divides=tiled)
-        col_blocks = triton.cdiv(width, block)
-        return partial(
-            _stage_embeddings_kernel[(pad_to * col_blocks,)],
-            slab, input_ids, table,
-            media if media is not None else slab,
-            media_index if media_index is not None else input_ids,
-            errors,
-            n, pad_to, vocab_start, vocab_end, vocab_size,
-            media.shape[0] if media is not None else 0,
-            float(text_scale) if text_scale is not None else 1.0,
-            width, table.stride(0), media.stride(0) if media is not None else 0,
-            WIDTH=width, TEXT_WIDTH=table.shape[1],
-            MEDIA_WIDTH=media.shape[1] if media is not None else width,
-            BLOCK=block, COL_BLOCKS=col_blocks,
-            TEXT_TILED=text_tiled, MEDIA_TILED=media_tiled,
-            HAS_MEDIA=media_index is not None, MEDIA_OWNER=bool(media_owner) and media is not None,
-            HAS_SCALE=text_scale is not None, SOFT=SOFT_CASTS,
-            num_warps=num_warps,
-        )
+        col_blocks = (width + block - 1) // block
+        media_arg = media if has_media else slab
+        index_arg = media_index if media_index is not None else input_ids
+        table_stride = table.stride(0)
+        media_stride = media_arg.stride(0)
+        args = (slab, input_ids, table, media_arg, index_arg, errors,
+                n, pad_to, vocab_start, vocab_end, vocab_size, media.shape[0] if has_media else 0,
+                float(text_scale) if text_scale is not None else 1.0,
+                width, table_stride, media_stride)
+        constexprs = dict(
+            WIDTH=width, TEXT_WIDTH=text_width, MEDIA_WIDTH=media_width, BLOCK=block, COL_BLOCKS=col_blocks,
+            TEXT_TILED=text_tiled, MEDIA_TILED=media_tiled, HAS_MEDIA=media_index is not None,
+            MEDIA_OWNER=bool(media_owner) and has_media, HAS_SCALE=text_scale is not None, SOFT=SOFT_CASTS,
+            BAD_ID_CODE=BAD_TOKEN_ID, BAD_MEDIA_CODE=BAD_MEDIA_INDEX)
+        key = embeddings_key(args, constexprs, num_warps) if check_ids_device else None  # fused path keys itself
+        return pad_to * col_blocks, key, args, constexprs, num_warps
     return partial(
         stage_embeddings_reference,
         slab, input_ids, table, media if media_index is not None else None, media_index, pad_to=pad_to,
@@ -251,5 +284,18 @@ def plan_stage_embeddings(slab, input_ids, table, *, media=None, media_index=Non
         vocab_size=vocab_size, media_owner=bool(media_owner), errors=errors)
 
 
+def embeddings_key(args: tuple, constexprs: dict, num_warps: int):
+    """What Triton specialises the embeddings launch on; None when a pointer is not 16-byte aligned."""
+    slab, ids, table, media, index, errors = args[:6]
+    if (slab.data_ptr() | ids.data_ptr() | table.data_ptr() | media.data_ptr() | index.data_ptr()
+            | errors.data_ptr()) & 15:
+        return None
+    return (slab.dtype, ids.dtype, table.dtype, media.dtype, index.dtype, int_spec(args[13]), int_spec(args[14]),
+            int_spec(args[15]), *constexprs.values(), num_warps)
+
+
 def _nothing() -> None:
     return None
+
+
+_launch = FastLaunch(_stage_embeddings_kernel, ptr_args=(0, 1, 2, 3, 4, 5)) if triton is not None else None

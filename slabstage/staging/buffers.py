@@ -98,7 +98,7 @@ class StagingBuffers:
         try:
             device = torch.device(device)
             torch.empty(0, device=device)
-        except (RuntimeError, TypeError) as e:
+        except (RuntimeError, TypeError, AssertionError) as e:  # Assertion: torch without CUDA
             raise ValueError(f"device {device!r} is not usable: {e}") from None
 
         reg = BufferRegistry()
@@ -129,7 +129,7 @@ class StagingBuffers:
 
     @property
     def device(self) -> torch.device:
-        return self.input_embeds.device
+        return self.input_ids.device
 
     @property
     def embed_width(self) -> int:

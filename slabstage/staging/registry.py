@@ -8,7 +8,7 @@ from typing import NamedTuple, Union
 
 import torch
 
-__all__ = ["BufferRegistry", "RegistryMismatchError", "SlotSignature", "Slot", "PadPolicy"]
+__all__ = ["BufferRegistry", "RegistryMismatchError", "RegistrySignature", "SlotSignature", "Slot", "PadPolicy"]
 
 PadPolicy = Union[str, int, float, None]  # "zeros", a fill value, or None (leave)
 
@@ -37,6 +37,12 @@ class Slot:
         return 0 if self.pad == "zeros" else self.pad
 
 
+class RegistrySignature(dict):
+    """slot name -> :class:`SlotSignature`, plus what :meth:`BufferRegistry.check` needs to be quick."""
+
+    __slots__ = ("fast", "version")
+
+
 def _signature(t: torch.Tensor) -> SlotSignature:
     return SlotSignature(t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
@@ -60,6 +66,7 @@ class BufferRegistry:
     def __init__(self) -> None:
         self._slots: dict[str, Slot] = {}
         self._frozen = False
+        self._version = 0  # bumped whenever a slot is added or swapped
 
     # -- building -----------------------------------------------------------------
     def register(
@@ -70,6 +77,7 @@ class BufferRegistry:
         if name in self._slots:
             raise ValueError(f"slot {name!r} is already registered; use replace() to swap its tensor")
         self._slots[name] = self._make_slot(name, tensor, token_axis, pad)
+        self._version += 1
         return tensor
 
     def replace(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -77,6 +85,7 @@ class BufferRegistry:
         self._refuse_if_frozen("replace", name)
         old = self.slot(name)
         self._slots[name] = self._make_slot(name, tensor, old.token_axis, old.pad)
+        self._version += 1
         return tensor
 
     def _make_slot(self, name: str, tensor: torch.Tensor, token_axis: int | None, pad: PadPolicy) -> Slot:
@@ -131,6 +140,8 @@ class BufferRegistry:
     @property
     def capacity(self) -> int:
         """The most tokens every token-axis slot can hold."""
+        # Not cached on _version: resize_/set_ change a slot's size in place without a
+        # register/replace, and a stale capacity would let a launch write past the tensor.
         sizes = [s.tensor.shape[s.token_axis] for s in self._slots.values() if s.token_axis is not None]
         return min(sizes) if sizes else 0
 
@@ -149,12 +160,24 @@ class BufferRegistry:
             out[name] = s.tensor.narrow(s.token_axis, 0, n)
         return out
 
-    def signature(self) -> dict[str, SlotSignature]:
+    def signature(self) -> RegistrySignature:
         """Per slot: data_ptr, shape, stride, dtype and device, as they are now."""
-        return {name: _signature(s.tensor) for name, s in self._slots.items()}
+        sig = RegistrySignature((name, _signature(s.tensor)) for name, s in self._slots.items())
+        sig.fast = tuple((s.tensor, *sig[name][:4]) for name, s in self._slots.items())
+        sig.version = self._version
+        return sig
 
     def check(self, signature: dict[str, SlotSignature]) -> None:
-        """Raise :class:`RegistryMismatchError` naming each slot that differs from ``signature``."""
+        """Raise :class:`RegistryMismatchError` naming each slot that differs from ``signature``.
+
+        Host-only and cheap (a few microseconds): it runs before every replay.
+        """
+        if getattr(signature, "version", None) == self._version:
+            for t, ptr, shape, stride, dtype in signature.fast:
+                if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride or t.dtype != dtype:
+                    break
+            else:
+                return
         now = self.signature()
         if now == signature:
             return

@@ -150,7 +150,7 @@ def check_source_width(name: str, source_width: int, slab_width: int, expand: st
             f"the declared input_embeds width is too narrow for this source"
         )
     if source_width < slab_width:
-        if expand == "repeat" and slab_width % source_width:
+        if expand == "repeat" and (source_width <= 0 or slab_width % source_width):
             raise WidthContractError(
                 f"{name} width {source_width} does not divide the slab width {slab_width}: "
                 f'expand="repeat" needs a whole number of copies'

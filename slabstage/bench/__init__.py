@@ -1,0 +1,71 @@
+"""Benchmark tooling: the device-time timer pytest-benchmark uses, and where suites live.
+
+``python -m slabstage.bench run`` runs the suites in ``bench/`` and saves their JSON;
+``python -m slabstage.bench report`` turns the JSON into markdown tables and plots.
+The timer below is importable by dotted name, so it also plugs in as
+``pytest --benchmark-timer slabstage.bench.cuda_event_timer``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+__all__ = ["CudaEventTimer", "cuda_event_timer", "TIMER_PRECISION_S", "bench_dir", "default_results_dir"]
+
+# What a pair of CUDA events resolves (about half a microsecond); pinned as the
+# timer's precision so pytest-benchmark never probes it by calling the timer out of pairs.
+TIMER_PRECISION_S = 1e-6
+
+
+class CudaEventTimer:
+    """A pytest-benchmark timer whose differences are device time.
+
+    pytest-benchmark calls its timer twice around the timed function (``start =
+    timer(); fn(); end = timer()``) and records ``end - start``. This timer keeps a
+    running total: the first call of a pair records a start event on the current
+    stream and returns the total; the second records an end event, waits for it,
+    adds the elapsed device seconds to the total and returns it. So ``end - start``
+    is the device time between the two events, whatever the host did meanwhile.
+
+    Work queued before the start call (an L2 flush, say) is not counted: the start
+    event runs after it in stream order.
+    """
+
+    __name__ = "cuda_event_timer"  # pytest-benchmark names the timer in its JSON by this
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._start = None
+
+    def reset(self) -> None:
+        """Forget an unfinished pair (a timed function that raised between the calls)."""
+        self._start = None
+
+    def __call__(self) -> float:
+        if self._start is None:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+            return self.total
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        self.total += self._start.elapsed_time(end) / 1e3  # elapsed_time is in ms
+        self._start = None
+        return self.total
+
+    def __repr__(self) -> str:
+        return f"CudaEventTimer(total={self.total:.6f}s)"
+
+
+cuda_event_timer = CudaEventTimer()
+
+
+def bench_dir() -> Path:
+    """The repository's ``bench/`` folder (the suites live there, not in the package)."""
+    return Path(__file__).resolve().parents[2] / "bench"
+
+
+def default_results_dir() -> Path:
+    return bench_dir() / "results"

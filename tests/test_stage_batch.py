@@ -1,0 +1,65 @@
+"""The fused batch launch (the runner's path) equals stage_token_inputs + stage_embeddings."""
+
+import pytest
+import torch
+
+import slabstage as ss
+from slabstage.kernels.stage_batch import plan_stage_batch
+
+
+def _buffers(device, mrope=True):
+    return ss.StagingBuffers.allocate(max_num_tokens=160, max_batch_size=5, embed_width=96,
+                                      embed_dtype=torch.bfloat16, device=device, mrope=mrope)
+
+
+def _poison(buf):
+    for name in buf.registry:
+        t = buf.registry[name]
+        t.fill_(float("nan") if t.dtype.is_floating_point else -7)
+
+
+@pytest.mark.parametrize("n,pad_to,expand,host", [(1, 1, "zeros", False), (37, 64, "repeat", False),
+                                                   (129, 144, "zeros", True), (150, 150, "repeat", True)])
+def test_fused_equals_separate_ops(device, n, pad_to, expand, host):
+    g = torch.Generator().manual_seed(n)
+    table = torch.randn(57, 32 if expand == "repeat" else 96, generator=g).to(device)
+    media = torch.randn(23, 96 if expand == "zeros" else 48, generator=g).to(device)
+    ids = torch.randint(0, 57, (n,), generator=g)
+    ids[n // 2] = 57  # a bad id where it is a text row: flagged the same way
+    spans = [(s, min(4, n - s), (s // 7) % 19) for s in range(0, n, 13) if s + 1 < n]
+    index = ss.media_index_from_spans(spans, n, device="cpu")
+    positions = torch.randint(0, 1000, (n,), generator=g)
+    mrope = torch.randint(0, 1000, (3, n), generator=g)
+    seq = torch.tensor([n - n // 2, n // 2], dtype=torch.int32)
+    ext = torch.tensor([0, n - n // 2], dtype=torch.int32)
+    loc = torch.randint(0, 10**6, (n,), generator=g)
+    move = (lambda t: t) if host else (lambda t: t.to(device))
+    inputs = dict(input_ids=move(ids), positions=move(positions), out_cache_loc=move(loc),
+                  mrope_positions=move(mrope), seq_lens=move(seq), extend_start_loc=move(ext))
+
+    fused, separate = _buffers(device), _buffers(device)
+    _poison(fused)
+    _poison(separate)
+    plan_stage_batch(fused, table=table, media=media, media_index=move(index), expand=expand, text_scale=0.5,
+                     pad_to=pad_to, **inputs)()
+    ss.stage_token_inputs(separate, pad_to=pad_to, **{k: v.to(device) for k, v in inputs.items()})
+    ss.stage_embeddings(separate.input_embeds, ids.to(device), table, media=media, media_index=index.to(device),
+                        expand=expand, text_scale=0.5, pad_to=pad_to, errors=separate.errors)
+    for name in fused.registry:
+        a, b = fused.registry[name], separate.registry[name]
+        assert torch.equal(a.nan_to_num(123.0), b.nan_to_num(123.0)), name
+    assert torch.equal(fused.errors, separate.errors)
+    assert torch.isnan(fused.input_embeds[pad_to:].float()).all()
+    assert (fused.input_ids[pad_to:] == -7).all()
+
+
+def test_fused_checks_before_writing(device):
+    buf = _buffers(device)
+    _poison(buf)
+    before = {k: buf.registry[k].clone() for k in buf.registry}
+    table = torch.randn(10, 200, device=device)  # wider than the slab
+    with pytest.raises(ValueError, match="too narrow"):
+        plan_stage_batch(buf, input_ids=torch.zeros(4, dtype=torch.int64), positions=torch.arange(4),
+                         table=table, pad_to=8)
+    for k, t in before.items():
+        assert torch.equal(buf.registry[k].nan_to_num(1.0), t.nan_to_num(1.0)), k

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU work, by phase: tests soak sanitize tp bench profile.
+#   bash tools/gpu_session.sh tests sanitize soak     (results under $OUT, or /tmp/slabstage-gpu)
+# Prints a short summary last; full logs go to $OUT/logs.tgz.
+set -u
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/slabstage-gpu}
+LOG=$OUT/logs
+mkdir -p "$LOG"
+summary=()
+run() {  # name, command...
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" >"$LOG/$name.log" 2>&1
+  local rc=$?
+  summary+=("$name rc=$rc $((SECONDS - t0))s :: $(grep -E 'passed|failed|error|ERROR SUMMARY|OK|Error' "$LOG/$name.log" | tail -2 | tr '\n' ' ' | cut -c1-220)")
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
+  date -u; } >"$LOG/machine.txt" 2>&1
+for phase in "$@"; do
+  case $phase in
+    tests) run tests python3 -m pytest tests -q -m "not slow" -p no:cacheprovider -rfEs --junitxml="$LOG/junit.xml" ;;
+    soak) SLABSTAGE_SOAK_STEPS=${SOAK_STEPS:-10000} SLABSTAGE_SOAK_OUT=$LOG/soak.json \
+            run soak python3 -m pytest tests/test_soak.py -m slow -q -p no:cacheprovider -rfEs ;;
+    sanitize)
+      run memcheck compute-sanitizer --tool memcheck --print-limit 20 python3 tools/sanitize_workload.py
+      run racecheck compute-sanitizer --tool racecheck --print-limit 20 python3 tools/sanitize_workload.py ;;
+    tp) run tp_tests python3 -m pytest tests/test_tp.py -q -p no:cacheprovider -rfEs
+        run tp_bench python3 bench/bench_tp.py ;;
+    bench) run bench python3 -m slabstage.bench run --results bench/results
+           run report python3 -m slabstage.bench report --results bench/results ;;
+    profile) run profile python3 bench/profile.py --steps 40 --torch-profiler "$LOG/trace.json" ;;
+    probe) run probe python3 tools/gpu_probe.py --quick ;;
+  esac
+done
+cp -r bench/results "$LOG/results" 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$OUT" logs
+cat "$LOG/machine.txt"
+printf '%s\n' "${summary[@]}"
