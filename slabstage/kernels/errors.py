@@ -67,7 +67,8 @@ def default_error_word(device: torch.device) -> torch.Tensor:
     return word
 
 
-def check_error_word(errors: torch.Tensor, device: torch.device) -> None:
+def check_error_word(errors: torch.Tensor, device: torch.device, against: str = "the slab") -> None:
+    """Raise ``ValueError`` unless ``errors`` is an error word on ``device`` (where ``against`` lives)."""
     if (not isinstance(errors, torch.Tensor) or errors.dtype != torch.int32 or errors.dim() != 1
             or errors.numel() < ERROR_WORD_SIZE or not errors.is_contiguous()):
         raise ValueError(
@@ -76,7 +77,7 @@ def check_error_word(errors: torch.Tensor, device: torch.device) -> None:
             f"shape {tuple(getattr(errors, 'shape', ()))}"
         )
     if errors.device != device:
-        raise ValueError(f"errors is on {errors.device} but the slab is on {device}")
+        raise ValueError(f"errors is on {errors.device} but {against} is on {device}")
 
 
 def describe_errors(codes: int) -> list[str]:
@@ -99,6 +100,7 @@ def raise_if_errors(errors: torch.Tensor | None = None, *, device: torch.device 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         errors = default_error_word(torch.device(device))
+    check_error_word(errors, getattr(errors, "device", None), "the word")
     codes, rows, first, count = (int(v) for v in errors[:ERROR_WORD_SIZE].tolist())
     if codes == 0:
         return

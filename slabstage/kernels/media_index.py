@@ -42,6 +42,8 @@ def media_index_from_spans(spans, num_tokens: int, *, device, num_media_rows: in
     num_tokens = _int("num_tokens", num_tokens)
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    if num_media_rows is not None and _int("num_media_rows", num_media_rows) < 0:
+        raise ValueError(f"num_media_rows must be >= 0, got {num_media_rows}")
     index = np.full(num_tokens, -1, dtype=np.int32)
     parsed = []
     for k, span in enumerate(spans):
@@ -99,7 +101,7 @@ def media_index_from_mask(is_media: torch.Tensor, num_media_rows: int, *,
     if num_media_rows < 0:
         raise ValueError(f"num_media_rows must be >= 0, got {num_media_rows}")
     errors = default_error_word(is_media.device) if errors is None else errors
-    check_error_word(errors, is_media.device)
+    check_error_word(errors, is_media.device, "is_media")
     n = is_media.shape[0]
     if not use_triton(is_media) or n == 0 or (n > 1 and is_media.stride(0) != 1):
         return media_index_from_mask_reference(is_media, num_media_rows, errors)

@@ -81,6 +81,8 @@ def plan_stage_batch(buffers: StagingBuffers, *, input_ids, positions, table, ou
     given, n, b = check_token_inputs(
         buffers, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
         mrope_positions=mrope_positions, seq_lens=seq_lens, extend_start_loc=extend_start_loc, pad_to=pad_to)
+    if media_index is not None and not isinstance(media_index, torch.Tensor):
+        raise TypeError(f"media_index must be a torch.Tensor, got {type(media_index).__name__}")
     if media_index is not None and media_index.device != buffers.device and media_index.device.type != "cpu":
         raise ValueError(f"media_index is on {media_index.device}; expected {buffers.device} or the host")
     parts = embeddings_launch(
