@@ -9,6 +9,7 @@ from .kernels import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, Stagi
                       media_index_from_spans, new_error_word, raise_if_errors, reset_errors, stage_embeddings,
                       stage_token_inputs)
 from . import ops  # noqa: F401  registers torch.ops.slabstage.*
+from .distributed import SlabAllReduce, all_reduce_in_forward, vocab_parallel_args, vocab_shard
 from .graph_runner import CaptureError, PrefillBatch, PrefillGraphRunner, default_token_buckets
 from .staging import (BufferRegistry, RegistryMismatchError, StagingBuffers, WidthContractError,
                       resolve_input_embeds_width)
@@ -22,10 +23,12 @@ __all__ = [
     "PrefillBatch",
     "PrefillGraphRunner",
     "RegistryMismatchError",
+    "SlabAllReduce",
     "StagingBuffers",
     "StagingError",
     "WidthContractError",
     "__version__",
+    "all_reduce_in_forward",
     "default_token_buckets",
     "media_index_from_mask",
     "media_index_from_spans",
@@ -35,4 +38,6 @@ __all__ = [
     "resolve_input_embeds_width",
     "stage_embeddings",
     "stage_token_inputs",
+    "vocab_parallel_args",
+    "vocab_shard",
 ]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import numbers
 from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 
 from .graph_runner.nvtx import range_pop, range_push

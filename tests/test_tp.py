@@ -88,7 +88,7 @@ def test_vocab_shard_matches_the_engines_split():
     assert [vocab_shard(32000, r, 4, padding=64) for r in range(4)] == [(0, 8000), (8000, 16000),
                                                                          (16000, 24000), (24000, 32000)]
     # Megatron: pad to make_vocab_size_divisible_by * tp = 128 * 2
-    assert vocab_shard(50257, 1, 2, padding=256) == (25344, 50257)
+    assert vocab_shard(50257, 1, 2, padding=256) == (25216, 50257)
     assert vocab_shard(5, 7, 8) == (5, 5)  # past the end: empty
 
 
@@ -145,7 +145,8 @@ def staging_case(name: str, dtype: torch.dtype) -> dict:
     }[name])
     table = (torch.randn(c["vocab"], c["text_width"], generator=g) * 2).to(dtype)
     ids = torch.randint(0, c["vocab"], (c["n"],), generator=g)
-    ids[:4] = torch.tensor([0, c["vocab"] - 1, c["vocab"] // 2 - 1, c["vocab"] // 2])  # both shards, both edges
+    cut = vocab_shard(c["vocab"], 0, WORLD, padding=c["padding"])[1]
+    ids[:4] = torch.tensor([0, cut - 1, cut, c["vocab"] - 1])  # both shards, every edge
     media = media_index = None
     if c["num_media"]:
         media = (torch.randn(c["num_media"], c["media_width"], generator=g) * 2).to(c["media_dtype"])
@@ -188,6 +189,15 @@ def toy_buffers(model: ToyMultimodalModel, capacity: int, device="cpu") -> Stagi
                                    embed_dtype=model.dtype, device=device)
 
 
+def runner_batch(model: ToyMultimodalModel, n: int, g: torch.Generator):
+    """make_batch, with the media rows drawn from ``g``: the same in every process and on every device,
+    whatever the encoder's matmuls do there."""
+    batch = make_batch(model, n, media_fraction=0.4, num_seqs=min(3, n), generator=g)
+    if batch.media is None:
+        return batch
+    return replace(batch, media=torch.randn(batch.media.shape, generator=g).to(batch.media.device, model.dtype))
+
+
 def _gloo_worker(rank: int, world: int, folder: str) -> None:
     torch.set_num_threads(1)  # two processes share the machine; every process the same way
     init("gloo", rank, world, folder)
@@ -219,7 +229,7 @@ def _gloo_worker(rank: int, world: int, folder: str) -> None:
             g = torch.Generator().manual_seed(7)
             runs = []
             for n in RUNNER_SIZES:
-                batch = make_batch(model, n, media_fraction=0.4, num_seqs=2, generator=g)
+                batch = runner_batch(model, n, g)
                 out = runner.run(replace(batch, table=local, **vocab), clone=True)
                 ref = single.run(batch, clone=True)
                 runs.append(dict(n=n, out=out, ref=ref, slab=tp_buffers.input_embeds[:n].clone(),
@@ -298,7 +308,7 @@ def test_gloo_eager_runner_equals_single_process(gloo, variant, dname, placement
     single = PrefillGraphRunner(model, single_buffers, buckets=[8, 16, 32])
     g = torch.Generator().manual_seed(7)
     for i, n in enumerate(RUNNER_SIZES):
-        batch = make_batch(model, n, media_fraction=0.4, num_seqs=2, generator=g)
+        batch = runner_batch(model, n, g)
         single.run(batch)
         want_slab = single_buffers.input_embeds[:n]
         for rank, saved in gloo.items():
@@ -387,7 +397,8 @@ def _nccl_staging(rank: int, world: int, device) -> dict:
                 torch.cuda.synchronize()
                 same.append(torch.equal(slab, single))
                 first = slab.cpu() if first is None else first
-            results[placement, dname] = dict(same=same, slab=first, poison_kept=bool((slab[x0["pad_to"]:] == POISON).all()))
+            kept = bool((slab[x0["pad_to"]:] == POISON).all())
+            results[placement, dname] = dict(same=same, slab=first, poison_kept=kept)
         del graph
     torch.cuda.synchronize()
     return results
@@ -435,10 +446,7 @@ def _nccl_runner(rank: int, world: int, device) -> dict:
             record = dict(log=list(records), stderr=stderr.getvalue(), captured=runner.captured, runs=[])
             g = torch.Generator().manual_seed(11)
             for n in GPU_SIZES:
-                batch = make_batch(model, n, media_fraction=0.5, num_seqs=min(3, n), generator=g)
-                # media drawn on the host: the same on both GPUs whatever the encoder's kernels do
-                media = torch.randn(batch.media.shape, generator=g).to(device, dtype)
-                batch = replace(batch, media=media)
+                batch = runner_batch(model, n, g)
                 out = runner.run(replace(batch, table=local, **vocab), clone=True)
                 bucket = runner.last_bucket
                 rows = bucket or n

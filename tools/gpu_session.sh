@@ -5,7 +5,8 @@
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/slabstage-gpu}
-LOG=$OUT/logs
+TAG=${TAG:-logs}
+LOG=$OUT/$TAG
 mkdir -p "$LOG"
 summary=()
 run() {  # name, command...
@@ -24,9 +25,12 @@ for phase in "$@"; do
     soak) SLABSTAGE_SOAK_STEPS=${SOAK_STEPS:-10000} SLABSTAGE_SOAK_OUT=$LOG/soak.json \
             run soak python3 -m pytest tests/test_soak.py -m slow -q -p no:cacheprovider -rfEs ;;
     sanitize)
-      run memcheck compute-sanitizer --tool memcheck --print-limit 20 python3 tools/sanitize_workload.py
-      run racecheck compute-sanitizer --tool racecheck --print-limit 20 python3 tools/sanitize_workload.py ;;
-    tp) run tp_tests python3 -m pytest tests/test_tp.py -q -p no:cacheprovider -rfEs
+      run sanitize_warm python3 tools/sanitize_workload.py  # fills Triton's compile cache outside the sanitizer
+      run memcheck compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 python3 tools/sanitize_workload.py
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 run memcheck_nocache compute-sanitizer --tool memcheck --error-exitcode 1 \
+        --print-limit 20 python3 tools/sanitize_workload.py
+      run racecheck compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 python3 tools/sanitize_workload.py ;;
+    tp) run tp_tests python3 -m pytest tests/test_tp.py -q -p no:cacheprovider -rfEs -m multigpu
         run tp_bench python3 bench/bench_tp.py ;;
     bench) run bench python3 -m slabstage.bench run --results bench/results
            run report python3 -m slabstage.bench report --results bench/results ;;
@@ -35,6 +39,6 @@ for phase in "$@"; do
   esac
 done
 cp -r bench/results "$LOG/results" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C "$OUT" logs
+tar czf "$OUT/$TAG.tgz" -C "$OUT" "$TAG"
 cat "$LOG/machine.txt"
 printf '%s\n' "${summary[@]}"

@@ -27,8 +27,11 @@ USAGE = """usage: python -m slabstage.bench run [--results DIR] [--suite NAME] [
        python -m slabstage.bench report [--results DIR] [--out DIR] [--no-plots] [--quiet]"""
 
 
+STANDALONE = {"bench_tp.py"}  # its own two-process script (python bench/bench_tp.py), not a pytest suite
+
+
 def _suites(names: list[str] | None) -> list[Path]:
-    found = sorted(bench_dir().glob("bench_*.py"))
+    found = sorted(p for p in bench_dir().glob("bench_*.py") if p.name not in STANDALONE)
     if not names:
         return found
     wanted = {n.removeprefix("bench_").removesuffix(".py") for n in names}

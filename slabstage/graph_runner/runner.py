@@ -197,7 +197,8 @@ class PrefillGraphRunner:
                 why = "enforce_eager=True"
             else:
                 why = "no graphs captured: capture() was not called or failed"
-            log.warning("slabstage: running prefill eagerly (%s): no CUDA graphs are captured", why)
+            (log.warning if self.is_rank0 else log.debug)(
+                "slabstage: running prefill eagerly (%s): no CUDA graphs are captured", why)
             self._said_eager = True
 
     # -- run --------------------------------------------------------------------------

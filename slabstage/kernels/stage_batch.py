@@ -103,6 +103,9 @@ def _run(buffers: StagingBuffers, given: dict, media_index, parts, n: int, pad_t
         parts.func(slab, given["input_ids"], table, media, media_index, **parts.keywords)
         return
     grid0, _, emb_args, emb_cx, num_warps = parts
+    if not grid0:  # pad_to == 0: no slab row to write, but the token slots and the count still are
+        _token_launch_alone(buffers, given, n, pad_to, b)
+        return
     emb_args = (emb_args[0], given["input_ids"], emb_args[2], emb_args[3],
                 media_index if media_index is not None else given["input_ids"], *emb_args[5:])
     tok_args, tok_cx, tok_key = token_launch(buffers, given, n, pad_to, b)
