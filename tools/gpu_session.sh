@@ -30,6 +30,15 @@ for phase in "$@"; do
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 run memcheck_nocache compute-sanitizer --tool memcheck --error-exitcode 1 \
         --print-limit 20 python3 tools/sanitize_workload.py
       run racecheck compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 python3 tools/sanitize_workload.py ;;
+    racecheck_ours)  # slabstage's kernels only (the toy model's cuDNN attention is third party)
+      run sanitize_warm python3 tools/sanitize_workload.py
+      run racecheck_ours compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
+        --kernel-regex kns=_stage_batch_kernel python3 tools/sanitize_workload.py
+      run racecheck_ours2 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
+        --kernel-regex kns=_stage_embeddings_kernel python3 tools/sanitize_workload.py
+      run racecheck_ours3 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
+        --kernel-regex kns=_media_index python3 tools/sanitize_workload.py ;;
+    bench_runner) run bench_runner python3 -m slabstage.bench run --results bench/results --suite graph_runner ;;
     tp) run tp_tests python3 -m pytest tests/test_tp.py -q -p no:cacheprovider -rfEs -m multigpu
         run tp_bench python3 bench/bench_tp.py ;;
     bench) run bench python3 -m slabstage.bench run --results bench/results

@@ -40,6 +40,29 @@ def _rows(out: Any, n: int, clone: bool) -> Any:
     raise TypeError(f"forward must return a tensor, or a tuple/list/dict of tensors; got {type(out).__name__}")
 
 
+def _into_static(out: Any, static: Any, n: int) -> Any:
+    """Copy ``out`` into the first ``n`` rows of ``static`` (same structure) and return those views.
+
+    Inside a capture this adds one copy per output to the graph and lets the
+    graph's own output tensors go back to the pool, so the whole ladder takes
+    about the memory of its largest bucket. Outputs that do not line up with the
+    static ones (another structure, dtype or row shape) are kept as they are.
+    """
+    if isinstance(out, torch.Tensor):
+        if (isinstance(static, torch.Tensor) and out.dtype == static.dtype and out.dim() >= 1
+                and out.shape[1:] == static.shape[1:] and out.shape[0] <= static.shape[0]):
+            dst = static[:out.shape[0]]
+            if dst.data_ptr() != out.data_ptr():
+                dst.copy_(out)
+            return dst
+        return out
+    if isinstance(out, dict) and isinstance(static, dict) and out.keys() == static.keys():
+        return {k: _into_static(v, static[k], n) for k, v in out.items()}
+    if isinstance(out, (tuple, list)) and isinstance(static, (tuple, list)) and len(out) == len(static):
+        return type(out)(_into_static(v, w, n) for v, w in zip(out, static))
+    return out
+
+
 def _is_rank0(group) -> bool:
     import torch.distributed as dist
 
@@ -140,6 +163,7 @@ class PrefillGraphRunner:
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         bucket = None
+        static = None  # the largest bucket's outputs: every smaller graph copies its rows into them
         try:
             with torch.cuda.stream(stream), nvtx_range("slabstage.capture"):
                 for bucket in reversed(self.buckets):
@@ -149,6 +173,8 @@ class PrefillGraphRunner:
                     graph.capture_begin(pool=pool)
                     try:
                         out = self.forward(views)
+                        if static is not None:  # smaller buckets write into the largest one's output storage
+                            out = _into_static(out, static, bucket)
                     except BaseException:
                         try:  # end the capture, but report forward's error, not capture_end's echo of it
                             graph.capture_end()
@@ -159,6 +185,8 @@ class PrefillGraphRunner:
                     _rows(out, 0, False)  # the output's structure is checked now, not at replay
                     pool = graph.pool() if pool is None else pool
                     graphs[bucket] = (graph, out)
+                    if static is None:
+                        static = out
                     if bar is not None:
                         bar.update(1)
         except Exception as e:

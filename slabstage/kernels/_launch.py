@@ -41,8 +41,10 @@ def _hooks_set() -> bool:
 class FastLaunch:
     """A cache of compiled variants of one ``@triton.jit`` kernel and a direct launcher.
 
-    ``key`` must determine the compiled variant: pass None to take the ordinary
-    path (for instance when a pointer is not 16-byte aligned). ``args`` are the
+    ``key`` must determine how Triton specialises the runtime arguments (dtypes,
+    alignment, integer divisibility); the constexprs and num_warps are added to it
+    here. Pass None to take the ordinary path (for instance when a pointer is not
+    16-byte aligned). ``args`` are the
     runtime arguments in signature order; ``ptr_args`` the positions of tensors
     among them; ``constexprs`` the compile-time ones, in signature order, last.
     """
@@ -54,6 +56,8 @@ class FastLaunch:
         self.enabled = HAS_TRITON and not INTERPRET
 
     def __call__(self, grid: tuple, key, args: tuple, constexprs: dict, num_warps: int) -> None:
+        if key is not None:  # every constexpr and num_warps always pick the variant, whatever the op's key says
+            key = (key, num_warps, *constexprs.values())
         entry = self.cache.get(key) if self.enabled and key is not None else None
         if entry is None or entry[0] is None or _hooks_set():
             kernel = self.fn[grid](*args, **constexprs, num_warps=num_warps)
