@@ -32,11 +32,9 @@ for phase in "$@"; do
       run racecheck compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 python3 tools/sanitize_workload.py ;;
     racecheck_ours)  # slabstage's kernels only (the toy model's cuDNN attention is third party)
       run sanitize_warm python3 tools/sanitize_workload.py
-      run racecheck_ours compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
-        --kernel-regex kns=_stage_batch_kernel python3 tools/sanitize_workload.py
-      run racecheck_ours2 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
-        --kernel-regex kns=_stage_embeddings_kernel python3 tools/sanitize_workload.py
-      run racecheck_ours3 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
+      run racecheck_stage compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
+        --kernel-regex kns=_stage_ python3 tools/sanitize_workload.py
+      run racecheck_media compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
         --kernel-regex kns=_media_index python3 tools/sanitize_workload.py ;;
     bench_runner) run bench_runner python3 -m slabstage.bench run --results bench/results --suite graph_runner ;;
     tp) run tp_tests python3 -m pytest tests/test_tp.py -q -p no:cacheprovider -rfEs -m multigpu
