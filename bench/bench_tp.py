@@ -69,6 +69,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from slabstage import StagingBuffers, stage_embeddings  # noqa: E402
+from slabstage.bench import sleep_cycles_per_us  # noqa: E402
 from slabstage.distributed import SlabAllReduce, vocab_parallel_args  # noqa: E402
 
 WORLD = 2
@@ -178,21 +179,6 @@ def build_steps(n: int, opts: dict, rank: int, device: torch.device):
 
 
 # -- timing --------------------------------------------------------------------------------------
-def sleep_cycles_per_us() -> float:
-    """``torch.cuda._sleep`` cycles per microsecond on this GPU (measured)."""
-    cycles = 1_000_000
-    torch.cuda._sleep(cycles)
-    best = float("inf")
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3)
-    return cycles / max(best, 1e-3)
-
-
 class Timer:
     def __init__(self, opts: dict, device: torch.device) -> None:
         mib = opts["flush_mib"]

@@ -41,7 +41,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from slabstage.bench import TIMER_PRECISION_S, CudaEventTimer  # noqa: E402
+from slabstage.bench import TIMER_PRECISION_S, CudaEventTimer, sleep_cycles_per_us  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -189,28 +189,13 @@ class BetweenRounds:
         self.scratch = torch.empty(flush_mib * 2**20, dtype=torch.uint8, device=DEVICE) if flush_mib else None
         self.sleep_cycles = 0
         if head_start_us > 0 and HAS_CUDA and hasattr(torch.cuda, "_sleep"):
-            self.sleep_cycles = int(head_start_us * _sleep_cycles_per_us())
+            self.sleep_cycles = int(head_start_us * sleep_cycles_per_us())
 
     def __call__(self) -> None:
         if self.scratch is not None:
             self.scratch.fill_(1)  # a write pass: evicts every line the previous round left in L2
         if self.sleep_cycles:
             torch.cuda._sleep(self.sleep_cycles)
-
-
-def _sleep_cycles_per_us() -> float:
-    """How many ``torch.cuda._sleep`` cycles make a microsecond on this GPU (measured)."""
-    cycles = 1_000_000
-    torch.cuda._sleep(cycles)  # first launch
-    best = float("inf")
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3)
-    return cycles / max(best, 1e-3)
 
 
 @pytest.fixture(scope="session")

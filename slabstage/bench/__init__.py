@@ -69,3 +69,24 @@ def bench_dir() -> Path:
 
 def default_results_dir() -> Path:
     return bench_dir() / "results"
+
+
+def sleep_cycles_per_us() -> float:
+    """How many ``torch.cuda._sleep`` cycles make a microsecond on this GPU (measured).
+
+    Used to give the host a head start before a timed region, so that host
+    launch gaps stay out of device time.
+    """
+    import torch
+
+    cycles = 1_000_000
+    torch.cuda._sleep(cycles)  # first launch
+    best = float("inf")
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3)
+    return cycles / max(best, 1e-3)
