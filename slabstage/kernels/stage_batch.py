@@ -109,6 +109,6 @@ def _run(buffers: StagingBuffers, given: dict, media_index, parts, n: int, pad_t
     emb_args = (emb_args[0], given["input_ids"], emb_args[2], emb_args[3],
                 media_index if media_index is not None else given["input_ids"], *emb_args[5:])
     tok_args, tok_cx, tok_key = token_launch(buffers, given, n, pad_to, b)
-    emb_key = embeddings_key(emb_args, emb_cx, num_warps)
+    emb_key = embeddings_key(emb_args)
     key = (emb_key, tok_key) if emb_key is not None and tok_key is not None else None
     _launch((grid0,), key, (*emb_args, *tok_args), {**emb_cx, **tok_cx, "TOK_BLOCK": _TOK_BLOCK}, num_warps)

@@ -275,7 +275,7 @@ def embeddings_launch(slab, input_ids, table, *, media=None, media_index=None, p
             TEXT_TILED=text_tiled, MEDIA_TILED=media_tiled, HAS_MEDIA=media_index is not None,
             MEDIA_OWNER=bool(media_owner) and has_media, HAS_SCALE=text_scale is not None, SOFT=SOFT_CASTS,
             BAD_ID_CODE=BAD_TOKEN_ID, BAD_MEDIA_CODE=BAD_MEDIA_INDEX)
-        key = embeddings_key(args, constexprs, num_warps) if check_ids_device else None  # fused path keys itself
+        key = embeddings_key(args) if check_ids_device else None  # fused path keys itself
         return pad_to * col_blocks, key, args, constexprs, num_warps
     return partial(
         stage_embeddings_reference,
@@ -284,14 +284,14 @@ def embeddings_launch(slab, input_ids, table, *, media=None, media_index=None, p
         vocab_size=vocab_size, media_owner=bool(media_owner), errors=errors)
 
 
-def embeddings_key(args: tuple, constexprs: dict, num_warps: int):
+def embeddings_key(args: tuple):
     """What Triton specialises the embeddings launch on; None when a pointer is not 16-byte aligned."""
     slab, ids, table, media, index, errors = args[:6]
     if (slab.data_ptr() | ids.data_ptr() | table.data_ptr() | media.data_ptr() | index.data_ptr()
             | errors.data_ptr()) & 15:
         return None
     return (slab.dtype, ids.dtype, table.dtype, media.dtype, index.dtype, int_spec(args[13]), int_spec(args[14]),
-            int_spec(args[15]), *constexprs.values(), num_warps)
+            int_spec(args[15]))  # FastLaunch adds the constexprs and num_warps
 
 
 def _nothing() -> None:

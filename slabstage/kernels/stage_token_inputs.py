@@ -219,15 +219,18 @@ def _launch(buffers: StagingBuffers, given: dict, n: int, pad_to: int, b: int) -
         return
     args, constexprs, key = token_launch(buffers, given, n, pad_to, b)
     constexprs["BLOCK"] = _BLOCK
-    _fast_launch((max(1, triton.cdiv(pad_to, _BLOCK)),), key and (*key, _BLOCK), args, constexprs, 4)
+    _fast_launch((max(1, triton.cdiv(pad_to, _BLOCK)),), key, args, constexprs, 4)
 
 
 def token_launch(buffers: StagingBuffers, given: dict, n: int, pad_to: int, b: int) -> tuple:
-    """``(args, constexprs, key)`` of the token rows for device-resident ``given`` (key None: unaligned)."""
+    """``(args, constexprs, key)`` of the token rows for device-resident ``given`` (key None: unaligned).
+
+    The key covers the runtime arguments only; :class:`FastLaunch` adds the constexprs.
+    """
     dsts, fills, pads, static_key = _static(buffers)
     srcs = tuple(given.get(k, d) for k, d in zip(_SLOTS, dsts))
     ptr_or = 0
-    for t in srcs:
+    for t in (*srcs, *dsts):  # read each call: a slot moved in place keeps the registry version
         ptr_or |= t.data_ptr()
     has = tuple(k in given for k in _SLOTS)
     args = (*srcs, *dsts, n, pad_to, b, buffers.max_batch_size, srcs[3].stride(0), dsts[3].stride(0), *fills)
@@ -235,8 +238,8 @@ def token_launch(buffers: StagingBuffers, given: dict, n: int, pad_to: int, b: i
         PAD_IDS=pads[0], PAD_POS=pads[1], PAD_LOC=pads[2] and has[2], PAD_MROPE=pads[3] and has[3],
         PAD_SEQ=pads[4] and has[4], PAD_EXT=pads[5] and has[5], HAS_LOC=has[2], HAS_MROPE=has[3],
         HAS_SEQ=has[4], HAS_EXT=has[5], REQ_BLOCK=next_pow2(buffers.max_batch_size))
-    aligned = not ptr_or & 15 and static_key is not None
-    key = (static_key, tuple(t.dtype for t in srcs), int_spec(args[17]), has) if aligned else None
+    key = (static_key, tuple(t.dtype for t in srcs), int_spec(args[17]), int_spec(args[18]), has) \
+        if not ptr_or & 15 else None
     return args, constexprs, key
 
 
@@ -244,7 +247,10 @@ _BLOCK = 1024
 
 
 def _static(buffers: StagingBuffers) -> tuple:
-    """Destinations, fills, pad switches and key part of the buffers' launch; cached per registry version."""
+    """Destinations, fills, pad switches and the dtype part of the key; cached per registry version.
+
+    Addresses and strides are not cached: ``set_``/``resize_`` change them without a new version.
+    """
     reg = buffers.registry
     cached = buffers.__dict__.get("_token_launch_static")
     if cached is not None and cached[0] == reg._version:
@@ -257,11 +263,7 @@ def _static(buffers: StagingBuffers) -> tuple:
         fills.append(int(fill or 0))
         pads.append(fill is not None)
     dsts.append(buffers.num_tokens_non_padded)
-    ptr_or = 0
-    for t in dsts:
-        ptr_or |= t.data_ptr()
-    static_key = (tuple(t.dtype for t in dsts), tuple(fills), tuple(pads), int_spec(dsts[3].stride(0)),
-                  int_spec(buffers.max_batch_size)) if not ptr_or & 15 else None
+    static_key = (tuple(t.dtype for t in dsts), tuple(fills), tuple(pads), int_spec(buffers.max_batch_size))
     value = (tuple(dsts), tuple(fills), tuple(pads), static_key)
     buffers._token_launch_static = (reg._version, value)
     return value
