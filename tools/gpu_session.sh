@@ -30,6 +30,9 @@ for phase in "$@"; do
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 run memcheck_nocache compute-sanitizer --tool memcheck --error-exitcode 1 \
         --print-limit 20 python3 tools/sanitize_workload.py
       run racecheck compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 python3 tools/sanitize_workload.py ;;
+    memcheck)  # memcheck alone, caching allocator on (the graph path)
+      run sanitize_warm python3 tools/sanitize_workload.py
+      run memcheck compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 python3 tools/sanitize_workload.py ;;
     racecheck_ours)  # slabstage's kernels only (the toy model's cuDNN attention is third party)
       run sanitize_warm python3 tools/sanitize_workload.py
       run racecheck_stage compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
@@ -43,6 +46,11 @@ for phase in "$@"; do
            run report python3 -m slabstage.bench report --results bench/results ;;
     profile) run profile python3 bench/profile.py --steps 40 --torch-profiler "$LOG/trace.json" ;;
     probe) run probe python3 tools/gpu_probe.py --quick ;;
+    prof) run prof python3 tools/prof_run.py
+          run prof_buckets python3 tools/probe_host_by_bucket.py ;;
+    quick) run quick python3 -m pytest tests/test_batch_stager.py tests/test_graph_runner.py tests/test_stage_batch.py \
+             tests/test_profile_ranges.py -q -p no:cacheprovider -rfEs ;;
+    probe_mem) run probe_mem python3 tools/probe_capture_memory.py --json "$LOG/probe_mem.json" ;;
   esac
 done
 cp -r bench/results "$LOG/results" 2>/dev/null

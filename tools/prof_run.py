@@ -1,15 +1,30 @@
-import time, torch, statistics
+"""Host time of PrefillGraphRunner.run, piece by piece (GPU; prints a dict of median µs per call).
+
+    python tools/prof_run.py
+
+Same shapes as the README's host-time row: 2048-token buffers, a 4096-wide bf16
+slab, a 300-token batch with 100 media rows, a one-linear forward.
+"""
+import statistics
+import time
+
+import torch
+
 import slabstage as ss
+from slabstage.graph_runner.nvtx import range_pop, range_push
+
 dev = torch.device("cuda")
 
 
 def us(f, reps=300, rounds=9):
-    for _ in range(reps): f()
+    for _ in range(reps):
+        f()
     torch.cuda.synchronize()
     out = []
     for _ in range(rounds):
         t = time.perf_counter()
-        for _ in range(reps): f()
+        for _ in range(reps):
+            f()
         out.append((time.perf_counter() - t) / reps * 1e6)
         torch.cuda.synchronize()
     return round(statistics.median(out), 2)
@@ -25,66 +40,34 @@ media = torch.randn(100, 4096, device=dev, dtype=torch.bfloat16)
 mi = ss.media_index_from_spans([(10, 100, 0)], 300, device=dev)
 batch = ss.PrefillBatch(input_ids=ids[:300], positions=torch.arange(300, device=dev), table=table, media=media,
                         media_index=mi)
+text = ss.PrefillBatch(input_ids=ids[:300], positions=torch.arange(300, device=dev), table=table)
 hb = ss.PrefillBatch(input_ids=ids[:300].cpu(), positions=torch.arange(300), table=table, media=media,
-                     media_index=mi)
+                     media_index=mi.cpu())
 r.run(batch)
 b = r.last_bucket
 sig = r._signature
-launch = r._plan(batch, b)
-hlaunch = r._plan(hb, b)
 g, out = r._graphs[b]
+r.run(batch)
+fast0 = r._stage.fast_launches
+r.run(batch)
+run_, fn, meta, tail, cb = next(iter(r._stage._entries.values()))
+st = r._stage._static
+stream = torch._C._cuda_getCurrentRawStream(0)
+args = (st.slab, ids.data_ptr(), table.data_ptr(), media.data_ptr(), mi.data_ptr(), st.errors, 300, b, 0, 1000, 1000,
+        100, 1.0, st.width, 4096, 4096, ids.data_ptr(), batch.positions.data_ptr(), *st.dsts[2:4], *st.dsts[4:6],
+        *st.dsts, 300, b, 0, st.batch_cap, st.mrope_dst_stride, st.mrope_dst_stride, *st.fills, *tail)
 res = {
-    "run(dev inputs)": us(lambda: r.run(batch)),
+    "fast path taken": r._stage.fast_launches > fast0,
+    "run(device inputs)": us(lambda: r.run(batch)),
+    "run(text only)": us(lambda: r.run(text)),
     "run(host inputs)": us(lambda: r.run(hb)),
     "bucket_for": us(lambda: r.bucket_for(300)),
-    "check": us(lambda: r.registry.check(sig)),
-    "_plan": us(lambda: r._plan(batch, b)),
-    "fused launch": us(launch),
-    "fused launch host inputs": us(hlaunch),
-    "stage_embeddings alone": us(lambda: ss.stage_embeddings(buf.input_embeds, ids[:300], table, media=media, media_index=mi, pad_to=320, errors=buf.errors)),
-    "stage_token_inputs alone": us(lambda: ss.stage_token_inputs(buf, input_ids=ids[:300], positions=batch.positions, pad_to=320)),
+    "registry.check": us(lambda: r.registry.check(sig)),
+    "stage (cached path)": us(lambda: r._stage(batch, b, sig)),
+    "kernel launcher alone": us(lambda: run_(b * cb, 1, 1, stream, fn, meta, None, None, None, *args)),
+    "stage (full path)": us(lambda: r._stage(batch, b, None)),
+    "nvtx push+pop": us(lambda: (range_push("x"), range_pop())),
     "replay": us(g.replay),
-    "rows": us(lambda: out[:300]),
     "empty loop": us(lambda: None),
 }
 print(res)
-# GPU time of one run (graph-free measure: events around many runs)
-torch.cuda.synchronize()
-e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-e0.record()
-for _ in range(500): r.run(batch)
-e1.record(); torch.cuda.synchronize()
-print("wall-ish GPU us per run", e0.elapsed_time(e1) * 1e3 / 500)
-
-# step timings inside run(), in context
-import collections
-from slabstage.graph_runner.nvtx import range_push, range_pop
-from slabstage.graph_runner.runner import _rows
-acc = collections.Counter()
-pc = time.perf_counter_ns
-
-
-def run_timed(batch):
-    t0 = pc(); n = batch.input_ids.shape[0]; bucket = r.bucket_for(n)
-    t1 = pc(); r.registry.check(r._signature)
-    t2 = pc(); launch = r._plan(batch, bucket)
-    t3 = pc(); range_push("slabstage.stage"); launch(); range_pop()
-    t4 = pc(); graph, out = r._graphs[bucket]; range_push("slabstage.replay"); graph.replay(); range_pop()
-    t5 = pc(); res = _rows(out, n, False)
-    t6 = pc()
-    for k, a, b in (("bucket", t0, t1), ("check", t1, t2), ("plan", t2, t3), ("stage", t3, t4), ("replay", t4, t5),
-                    ("rows", t5, t6), ("total", t0, t6)):
-        acc[k] += b - a
-    return res
-
-
-for bb, name in ((batch, "dev"), (hb, "host")):
-    for _ in range(300): run_timed(bb)
-    torch.cuda.synchronize(); acc.clear()
-    for _ in range(2000): run_timed(bb)
-    torch.cuda.synchronize()
-    print(name, {k: round(v / 2000 / 1e3, 2) for k, v in acc.items()})
-import gc
-gc.disable()
-print("run() gc off", us(lambda: r.run(batch)))
-gc.enable()

@@ -163,11 +163,35 @@ def markdown(suite: str, data: dict) -> str:
                 line.append(f"{min(peers) / ours.median_us:.2f}x" if ours and peers else "–")
             out.append("| " + " | ".join(line) + " |")
         out.append("")
+    out += _capture_lines(data)
     if any(r.floor_us for r in rows):
         out += ["floor: the bytes a call must move (read + written; for staging, each source row read "
                 "once and each slab row written once) at the measured device-to-device copy ceiling. "
                 "best peer / slabstage: the fastest peer's time over slabstage's.", ""]
     return "\n".join(out)
+
+
+def _capture_lines(data: dict) -> list[str]:
+    """The capture benchmark's cost (its ``extra_info``), when the suite has one."""
+    out = []
+    for b in data.get("benchmarks", []):
+        info = b.get("extra_info") or {}
+        if info.get("metric") != "capture" or "bytes_all" not in info:
+            continue
+        mib = 2**20
+        fresh = " (each capture in a fresh process)" if "pool_bytes_all" in info else ""
+        out += [f"## Capture cost{fresh}", "",
+                "| | ladder | largest bucket alone | ratio |", "| --- | ---: | ---: | ---: |",
+                f"| buckets | {info['buckets']} | 1 | |",
+                f"| seconds | {info['capture_s']:.2f} ({info['s_per_bucket']:.3f} per bucket) | "
+                f"{info['largest_alone_s']:.2f} | |",
+                f"| reserved memory growth | {info['bytes_all'] / mib:.0f} MiB | {info['bytes_largest'] / mib:.0f} MiB"
+                f" | {info['memory_ratio']:.2f}x |"]
+        if "pool_bytes_all" in info:
+            out.append(f"| graph pool | {info['pool_bytes_all'] / mib:.0f} MiB | "
+                       f"{info['pool_bytes_largest'] / mib:.0f} MiB | {info['pool_ratio']:.2f}x |")
+        out.append("")
+    return out
 
 
 def _is_peer(impl: str) -> bool:

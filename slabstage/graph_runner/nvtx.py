@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 
@@ -11,11 +12,13 @@ __all__ = ["nvtx_range", "range_push", "range_pop", "RANGES"]
 RANGES = ("slabstage.stage", "slabstage.replay", "slabstage.eager", "slabstage.capture")
 
 _HAS_NVTX = torch.cuda.is_available()
+_nvtx = torch.cuda.nvtx._nvtx if _HAS_NVTX and hasattr(torch.cuda.nvtx, "_nvtx") else None
+_push = _nvtx.rangePushA if _nvtx is not None else torch.cuda.nvtx.range_push
+_pop = _nvtx.rangePop if _nvtx is not None else torch.cuda.nvtx.range_pop
+# torch.autograd.profiler._is_profiler_enabled is True while torch.profiler records
+_profiler = torch.autograd.profiler if hasattr(torch.autograd.profiler, "_is_profiler_enabled") \
+    else SimpleNamespace(_is_profiler_enabled=False)
 _open: list = []  # torch.profiler records opened by range_push, or None where none recorded
-
-
-def _profiler_on() -> bool:
-    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
 
 
 def range_push(name: str) -> None:
@@ -23,18 +26,19 @@ def range_push(name: str) -> None:
 
     The hot path's form: no generator, no allocation when nothing records.
     """
-    record = None
-    if _profiler_on():
+    if _profiler._is_profiler_enabled:
         record = torch.profiler.record_function(name)
         record.__enter__()
-    _open.append(record)
+        _open.append(record)
+    else:
+        _open.append(None)
     if _HAS_NVTX:
-        torch.cuda.nvtx.range_push(name)
+        _push(name)
 
 
 def range_pop() -> None:
     if _HAS_NVTX:
-        torch.cuda.nvtx.range_pop()
+        _pop()
     record = _open.pop()
     if record is not None:
         record.__exit__(None, None, None)

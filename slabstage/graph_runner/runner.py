@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..kernels.stage_batch import plan_stage_batch
+from ..kernels.stage_batch import BatchStager
 from ..staging.buffers import StagingBuffers
 from .batch import PrefillBatch
 from .buckets import default_token_buckets
@@ -61,6 +61,18 @@ def _into_static(out: Any, static: Any, n: int) -> Any:
     if isinstance(out, (tuple, list)) and isinstance(static, (tuple, list)) and len(out) == len(static):
         return type(out)(_into_static(v, w, n) for v, w in zip(out, static))
     return out
+
+
+_CAPTURE_STREAMS: dict = {}
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every capture: cuBLAS keeps a workspace per stream it
+    has run on (32 MiB on Hopper), so a fresh stream per capture() would cost one more each time."""
+    stream = _CAPTURE_STREAMS.get(device)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
 def _is_rank0(group) -> bool:
@@ -135,6 +147,10 @@ class PrefillGraphRunner:
         self.enforce_eager = bool(enforce_eager)
         self.eager = self.enforce_eager or buffers.device.type != "cuda"
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
+        self._views: dict[int, Any] = {}  # n -> the first n rows of its bucket's outputs
+        self._bucket_of: list = []  # n -> bucket_for(n), up to the largest bucket
+        self._bucket_ratio = None  # the max_padding_ratio _bucket_of was built for
+        self._stage = BatchStager(buffers)
         self._signature = None
         self._said_eager = False
         self.last_bucket: int | None = None  # bucket of the last run, None when it ran eagerly
@@ -155,12 +171,13 @@ class PrefillGraphRunner:
             raise RuntimeError("already captured: call reset() before capturing again")
         device = self.buffers.device
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # what the caching allocator holds unused would blur the memory measure
         reserved0 = torch.cuda.memory_reserved(device)
         start = time.perf_counter()
         graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
         pool = self._user_pool
         bar = _progress(len(self.buckets), self.progress)
-        stream = torch.cuda.Stream(device)
+        stream = _capture_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         bucket = None
         static = None  # the largest bucket's outputs: every smaller graph copies its rows into them
@@ -204,6 +221,7 @@ class PrefillGraphRunner:
         self.capture_seconds = time.perf_counter() - start
         self.capture_bytes = torch.cuda.memory_reserved(device) - reserved0
         self._graphs, self.pool = graphs, pool
+        self._bucket_table()
         self._signature = self.registry.signature()
         self.registry.freeze()
         (log.info if self.is_rank0 else log.debug)("slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s, %.1f MiB of GPU memory",
@@ -213,6 +231,7 @@ class PrefillGraphRunner:
     def reset(self) -> None:
         """Drop the graphs and unfreeze the registry (slots may then be replaced)."""
         self._graphs.clear()
+        self._views.clear()
         self._signature = None
         self.pool = self._user_pool
         self.registry.unfreeze()
@@ -234,31 +253,49 @@ class PrefillGraphRunner:
         """The bucket a batch of ``n`` tokens replays in, or None when it runs eagerly."""
         if not self._graphs:
             return None
-        i = bisect.bisect_left(self.buckets, n)
-        if i == len(self.buckets) or self.buckets[i] > n * self.max_padding_ratio:
-            return None
-        return self.buckets[i]
+        table = self._bucket_of
+        if self._bucket_ratio != self.max_padding_ratio:
+            table = self._bucket_table()
+        return table[n] if 0 <= n < len(table) else None
+
+    def _bucket_table(self) -> list:
+        """``bucket_for`` of every token count up to the largest bucket, looked up in O(1) on the hot path."""
+        table = []
+        for n in range(self.buckets[-1] + 1):
+            i = bisect.bisect_left(self.buckets, n)
+            fits = n > 0 and self.buckets[i] <= n * self.max_padding_ratio
+            table.append(self.buckets[i] if fits else None)
+        self._bucket_of, self._bucket_ratio = table, self.max_padding_ratio
+        self._views.clear()  # a view belongs to the bucket its n replayed in
+        return table
 
     def run(self, batch: PrefillBatch, *, clone: bool = False) -> Any:
         """Stage ``batch``, replay its bucket's graph (or run eagerly) and return the outputs.
 
         The outputs are the first ``n`` rows of static graph memory: the next
         ``run`` overwrites them. Pass ``clone=True`` (or copy them) to keep them.
+        On the graph path, runs of the same ``n`` return the very same view objects
+        (a slice costs more host time than the replay launch).
         Every check happens before anything is written; a bad batch leaves the
         buffers as they were. No host synchronisation on the graph path.
         """
-        if not isinstance(batch, PrefillBatch):
+        if type(batch) is not PrefillBatch and not isinstance(batch, PrefillBatch):
             raise TypeError(f"run() takes a PrefillBatch, got {type(batch).__name__}")
         n = batch.input_ids.shape[0]
         bucket = self.bucket_for(n)
         if bucket is not None:
-            self.registry.check(self._signature)
-        elif self.eager or not self._graphs:
-            self._say_eager()
-        launch = self._plan(batch, bucket or n)
+            signature = self._signature
+            self.registry.check(signature)
+        else:
+            signature = None
+            if self.eager or not self._graphs:
+                self._say_eager()
+            if n > self.registry.capacity:
+                raise ValueError(f"batch of {n} tokens exceeds the buffers' capacity of "
+                                 f"{self.registry.capacity} tokens")
         range_push("slabstage.stage")
         try:
-            launch()
+            self._stage(batch, bucket or n, signature)
         finally:
             range_pop()
         if self.after_stage is not None:
@@ -267,23 +304,16 @@ class PrefillGraphRunner:
         if bucket is None:
             with nvtx_range("slabstage.eager"):
                 out = self.forward(self.registry.views(n))
-        else:
-            graph, out = self._graphs[bucket]
-            range_push("slabstage.replay")
-            try:
-                graph.replay()
-            finally:
-                range_pop()
-        return _rows(out, n, clone)
-
-    def _plan(self, batch: PrefillBatch, pad_to: int):
-        buf = self.buffers
-        if pad_to > buf.registry.capacity:
-            raise ValueError(f"batch of {batch.num_tokens} tokens exceeds the buffers' capacity of "
-                             f"{buf.registry.capacity} tokens")
-        return plan_stage_batch(
-            buf, input_ids=batch.input_ids, positions=batch.positions, table=batch.table,
-            out_cache_loc=batch.out_cache_loc, mrope_positions=batch.mrope_positions, seq_lens=batch.seq_lens,
-            extend_start_loc=batch.extend_start_loc, media=batch.media, media_index=batch.media_index,
-            expand=batch.expand, text_scale=batch.text_scale, vocab_range=batch.vocab_range,
-            vocab_size=batch.vocab_size, media_owner=batch.media_owner, pad_to=pad_to)
+            return _rows(out, n, clone)
+        graph, out = self._graphs[bucket]
+        range_push("slabstage.replay")
+        try:
+            graph.replay()
+        finally:
+            range_pop()
+        if clone:
+            return _rows(out, n, True)
+        views = self._views.get(n)  # the same views every time: slicing costs more than the replay launch
+        if views is None:
+            views = self._views[n] = _rows(out, n, False)
+        return views

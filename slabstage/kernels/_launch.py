@@ -25,17 +25,17 @@ def int_spec(v: int) -> int:
     return 1 if v == 1 else (2 if not v & 15 else 0)
 
 
-def _active(hook) -> bool:
-    # triton >= 3.4 keeps a HookChain that is never None; it is set when it has calls
-    return hook is not None and bool(getattr(hook, "calls", True))
+_RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
 
 
 def _hooks_set() -> bool:
-    knobs = getattr(triton, "knobs", None)
-    rt = getattr(knobs, "runtime", None)
-    if rt is None:
+    """Whether a launch hook (a profiler's, a debugger's) wants to see launches; read on every launch."""
+    if _RUNTIME is None:
         return True  # an older triton: take the ordinary path
-    return _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook)
+    # triton >= 3.4 keeps a HookChain that is never None; it is set when it has calls
+    enter, leave = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
+    return (enter is not None and bool(getattr(enter, "calls", True))) or \
+        (leave is not None and bool(getattr(leave, "calls", True)))
 
 
 class FastLaunch:
@@ -54,6 +54,11 @@ class FastLaunch:
         self.ptr_args = ptr_args
         self.cache: dict = {}
         self.enabled = HAS_TRITON and not INTERPRET
+
+    def lookup(self, key, constexprs: dict, num_warps: int):
+        """The cached ``(kernel, constexpr tail)`` of a variant launched before, or None."""
+        entry = self.cache.get((key, num_warps, *constexprs.values())) if key is not None else None
+        return entry if entry is not None and entry[0] is not None else None
 
     def __call__(self, grid: tuple, key, args: tuple, constexprs: dict, num_warps: int) -> None:
         if key is not None:  # every constexpr and num_warps always pick the variant, whatever the op's key says

@@ -102,6 +102,25 @@ def _is_int(x: object) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, int]:
+    """``(vocab_start, vocab_end, vocab_size)`` checked against a table of ``table_rows`` rows."""
+    if vocab_range is None:
+        vocab_start, vocab_end = 0, table_rows
+    else:
+        if (not isinstance(vocab_range, (tuple, list)) or len(vocab_range) != 2
+                or not all(_is_int(v) for v in vocab_range)):
+            raise ValueError(f"vocab_range must be a (start, end) pair of ints, got {vocab_range!r}")
+        vocab_start, vocab_end = int(vocab_range[0]), int(vocab_range[1])
+        if not 0 <= vocab_start <= vocab_end or vocab_end - vocab_start > table_rows:
+            raise ValueError(f"vocab_range {vocab_range!r} needs 0 <= start <= end and end - start <= "
+                             f"{table_rows} table rows")
+    if vocab_size is None:
+        vocab_size = vocab_end
+    elif not _is_int(vocab_size) or vocab_size < vocab_end:
+        raise ValueError(f"vocab_size must be an int >= vocab end {vocab_end}, got {vocab_size!r}")
+    return vocab_start, vocab_end, int(vocab_size)
+
+
 def _check_source(name: str, t: object, device: torch.device, *, floating: bool, dims: int) -> None:
     """Raise TypeError/ValueError when ``t`` is not a valid ``name`` argument; each attribute is read once."""
     if not isinstance(t, torch.Tensor):
@@ -236,20 +255,7 @@ def embeddings_launch(slab, input_ids, table, *, media=None, media_index=None, p
         raise ValueError(f"{n} tokens exceed the slab's {rows} rows")
     if text_scale is not None and (isinstance(text_scale, bool) or not isinstance(text_scale, numbers.Real)):
         raise TypeError(f"text_scale must be a float or None, got {text_scale!r}")
-    if vocab_range is None:
-        vocab_start, vocab_end = 0, table.shape[0]
-    else:
-        if (not isinstance(vocab_range, (tuple, list)) or len(vocab_range) != 2
-                or not all(_is_int(v) for v in vocab_range)):
-            raise ValueError(f"vocab_range must be a (start, end) pair of ints, got {vocab_range!r}")
-        vocab_start, vocab_end = int(vocab_range[0]), int(vocab_range[1])
-        if not 0 <= vocab_start <= vocab_end or vocab_end - vocab_start > table.shape[0]:
-            raise ValueError(f"vocab_range {vocab_range!r} needs 0 <= start <= end and end - start <= "
-                             f"{table.shape[0]} table rows")
-    if vocab_size is None:
-        vocab_size = vocab_end
-    elif not _is_int(vocab_size) or vocab_size < vocab_end:
-        raise ValueError(f"vocab_size must be an int >= vocab end {vocab_end}, got {vocab_size!r}")
+    vocab_start, vocab_end, vocab_size = vocab_bounds(vocab_range, vocab_size, table.shape[0])
     if errors is None:
         errors = default_error_word(device)
     else:
