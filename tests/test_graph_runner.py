@@ -282,6 +282,29 @@ def test_graph_path_has_no_host_sync(variant, inputs):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["tensor", "tuple", "dict"])
+def test_graph_path_views_are_reused_and_containers_are_not(kind):
+    model = ToyMultimodalModel("plain", hidden_size=64, num_heads=4, device="cuda", dtype=torch.bfloat16)
+    buffers = buffers_for(model, 64, "cuda")
+    wrap = {"tensor": lambda h: h, "tuple": lambda h: (h, h[:, :8]), "dict": lambda h: {"h": h}}[kind]
+    runner = PrefillGraphRunner(lambda v: wrap(model(v)), buffers, buckets=[16, 64], progress=False).capture()
+    g = torch.Generator().manual_seed(5)
+    a, b = (make_batch(model, n, num_seqs=2, generator=g, device="cuda") for n in (12, 12))
+    first = runner.run(a)
+    want_a = runner.run(a, clone=True)
+    if kind == "dict":
+        first.pop("h")  # the caller's container: the next run hands out a fresh one
+    second = runner.run(b)
+    want_b = model(buffers.registry.views(16))[:12]
+    get = {"tensor": lambda o: o, "tuple": lambda o: o[0], "dict": lambda o: o["h"]}[kind]
+    assert torch.equal(get(second), want_b) and not torch.equal(get(want_a), want_b)
+    if kind == "dict":
+        assert second is not first
+    else:
+        assert second is first  # the same views, now holding b's rows
+
+
+@pytest.mark.cuda
 def test_thirty_plus_buckets_share_one_pool(caplog):
     buckets = default_token_buckets(1024)
     assert len(buckets) >= 30

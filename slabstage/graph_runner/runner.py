@@ -274,8 +274,9 @@ class PrefillGraphRunner:
 
         The outputs are the first ``n`` rows of static graph memory: the next
         ``run`` overwrites them. Pass ``clone=True`` (or copy them) to keep them.
-        On the graph path, runs of the same ``n`` return the very same view objects
-        (a slice costs more host time than the replay launch).
+        On the graph path, runs of the same ``n`` return the very same tensor views
+        (a slice costs more host time than the replay launch); a dict or list output
+        is a new container each time.
         Every check happens before anything is written; a bad batch leaves the
         buffers as they were. No host synchronisation on the graph path.
         """
@@ -315,5 +316,8 @@ class PrefillGraphRunner:
             return _rows(out, n, True)
         views = self._views.get(n)  # the same views every time: slicing costs more than the replay launch
         if views is None:
-            views = self._views[n] = _rows(out, n, False)
+            views = _rows(out, n, False)
+            if isinstance(out, torch.Tensor) or (isinstance(out, tuple)  # a dict or list could be changed
+                                                 and all(isinstance(v, torch.Tensor) for v in out)):
+                self._views[n] = views
         return views
