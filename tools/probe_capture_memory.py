@@ -63,7 +63,7 @@ def measure(buckets, tokens, skip_warmup=False):
                pool_segments=segs, other_segments=[{k: v for k, v in s.items() if k != "blocks"} for s in others],
                trace=trace)
     r.reset()
-    del r, buffers, model, forward
+    del r, buffers, forward
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
