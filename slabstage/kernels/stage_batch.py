@@ -289,17 +289,17 @@ class BatchStager:
             return key
         p_table = table.data_ptr()
         align = p_media | p_table
-        if side != dev:  # host inputs: one pinned buffer, one copy, every part 16-byte aligned
-            for t in ints:
-                if not t.is_cpu:  # get_device() is -1 off CUDA too (meta, ...)
-                    return None
-            ptrs, keep = self._pack(ints)  # noqa: F841 - keep the device copy alive until the launch
-        else:
+        if side == dev:
             ptrs = [t.data_ptr() for t in ints]
             for p in ptrs:
                 align |= p
         if align & 15:
             return None
+        if side != dev:  # host inputs: one pinned buffer, one copy, every part 16-byte aligned
+            for t in ints:
+                if not t.is_cpu:  # get_device() is -1 off CUDA too (meta, ...)
+                    return None
+            ptrs, keep = self._pack(ints)  # noqa: F841 - keep the device copy alive until the launch
         dsts = st.dsts
         it = iter(ptrs)
         p_ids, p_pos = next(it), next(it)
