@@ -9,7 +9,7 @@ CPU_TORCH ?= torch==2.13.0
 CPU_TRITON ?= triton==3.6.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench bench-report profile clean
+.PHONY: setup demo test lint bench bench-report profile clean
 
 setup: $(STAMP)
 
@@ -32,8 +32,13 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) -m slabstage demo
 
+# ruff first (configured in pyproject.toml), then the suite; tests/test_packaging.py builds and installs the wheel.
 test: setup
+	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check .
 
 bench: setup
 	$(PY) -m slabstage.bench run
@@ -45,4 +50,4 @@ profile: setup
 	$(PY) bench/profile.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis
+	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis .ruff_cache build dist

@@ -5,6 +5,9 @@ See README.md for the contract, the kernels and the graph runner.
 
 __version__ = "0.1.0"
 
+# media may be given as items (tensors or tuples of column blocks), read in place by the staging kernel
+MEDIA_ITEMS = True
+
 from .kernels import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, StagingError, media_index_from_mask,
                       media_index_from_spans, new_error_word, raise_if_errors, reset_errors, stage_embeddings,
                       stage_token_inputs)

@@ -13,6 +13,9 @@ from typing import List, Optional
 
 import torch
 
+from .checks import check_tensor
+from .kernels.errors import default_error_word
+from .kernels.plan import check_embed
 from .kernels.stage_embeddings import stage_embeddings
 from .kernels.stage_token_inputs import stage_token_inputs
 from .staging.buffers import StagingBuffers
@@ -53,16 +56,17 @@ if HAS_CUSTOM_OPS:
                             pad_to: int, fills: List[int], pads: List[bool]) -> None:
         dsts = (input_ids_dst, positions_dst, out_cache_loc_dst, mrope_positions_dst, seq_lens_dst,
                 extend_start_loc_dst)
+        check_tensor("num_tokens_dst", num_tokens_dst)
         reg = BufferRegistry()
         for name, dst, fill, pad in zip(_TOKEN_SLOTS, dsts, fills, pads):
             if dst is not None:
-                axis = None if name in ("seq_lens", "extend_start_loc") else (1 if dst.dim() == 2 else 0)
+                check_tensor(f"{name}_dst", dst)
+                axis = None if name in ("seq_lens", "extend_start_loc") else dst.dim() - 1
                 reg.register(name, dst, token_axis=axis, pad=fill if pad else None)
         reg.register("num_tokens_non_padded", num_tokens_dst, token_axis=None, pad=None)
-        batch_cap = seq_lens_dst.shape[0] if seq_lens_dst is not None else (
-            extend_start_loc_dst.shape[0] if extend_start_loc_dst is not None else 1)
-        buffers = StagingBuffers(reg, max_num_tokens=input_ids_dst.shape[0], max_batch_size=batch_cap,
-                                 errors=num_tokens_dst)
+        requests = [d.shape[0] for d in (seq_lens_dst, extend_start_loc_dst) if d is not None and d.dim() == 1]
+        buffers = StagingBuffers(reg, max_num_tokens=reg.capacity, max_batch_size=min(requests, default=1),
+                                 errors=default_error_word(input_ids_dst.device))
         stage_token_inputs(buffers, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
                            mrope_positions=mrope_positions, seq_lens=seq_lens, extend_start_loc=extend_start_loc,
                            pad_to=pad_to)
@@ -83,15 +87,19 @@ def stage_embeddings_op(slab, input_ids, table, *, media=None, media_index=None,
                         text_scale=None, vocab_range=None, vocab_size=None, media_owner=True, errors=None):
     """:func:`slabstage.stage_embeddings` through ``torch.ops.slabstage.stage_embeddings``."""
     _need_ops()
-    from .kernels.errors import default_error_word
-
-    n = input_ids.shape[0]
-    start, end = vocab_range if vocab_range is not None else (0, table.shape[0])
+    check_tensor("slab", slab)
+    check_tensor("input_ids", input_ids, dims=1)
+    check_tensor("table", table, dims=2)
+    if media is not None and not isinstance(media, torch.Tensor):
+        raise TypeError("stage_embeddings_op takes media as one 2-D tensor (the custom op's schema); "
+                        "stage media items with slabstage.stage_embeddings")
+    _, _, (start, end, size), _ = check_embed(
+        slab, table, input_ids.shape[0], media=media, media_index=media_index, pad_to=pad_to, expand=expand,
+        text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)
     torch.ops.slabstage.stage_embeddings(
         slab, input_ids, table, media, media_index,
         errors if errors is not None else default_error_word(slab.device),
-        n if pad_to is None else pad_to, expand, text_scale, start, end,
-        end if vocab_size is None else vocab_size, media_owner)
+        input_ids.shape[0] if pad_to is None else pad_to, expand, text_scale, start, end, size, media_owner)
     return slab
 
 

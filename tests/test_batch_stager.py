@@ -1,74 +1,23 @@
 """BatchStager: the runner's cached staging path launches exactly what plan_stage_batch launches.
 
-On CPU (the interpreter) the compiled-kernel launcher is replaced by a recorder,
-so these tests compare the integer argument lists of the two paths call by call;
-on a GPU the cached path runs for real and its slots are compared with
-plan_stage_batch's on poisoned buffers.
+On CPU the kernel launch is replaced by a recorder: the integer arguments the
+cached path builds (``BatchStager._match``) are compared with those the full path
+passes to the kernel, call by call, and bad batches are shown to reach the full
+path's errors with nothing launched. On a GPU the cached path runs for real and
+its slots are compared with plan_stage_batch's on poisoned buffers.
 """
-
-import ctypes
-import importlib
 
 import pytest
 import torch
 
 import slabstage as ss
-from slabstage.kernels._triton import INTERPRET
-
-SB = importlib.import_module("slabstage.kernels.stage_batch")
-L = importlib.import_module("slabstage.kernels._launch")
-
-TAIL = ("constexpr tail",)
-
-
-class Recorder:
-    """Stands in for a compiled kernel: records what its launcher is called with."""
-
-    function = "fn"
-    packed_metadata = "meta"
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, *args):
-        self.calls.append(args)
-
-
-class EveryKey(dict):
-    def __init__(self, kernel):
-        super().__init__()
-        self.kernel = kernel
-
-    def get(self, key, default=None):
-        return (self.kernel, TAIL)
-
-    def __contains__(self, key):
-        return True
-
-
-@pytest.fixture
-def recorder(monkeypatch):
-    if not INTERPRET:
-        pytest.skip("the recorder stands in for compiled kernels under the interpreter only")
-    kernel = Recorder()
-    monkeypatch.setattr(SB._launch, "enabled", True)
-    monkeypatch.setattr(SB._launch, "cache", EveryKey(kernel))
-    monkeypatch.setattr(SB, "_hooks_set", lambda: False)
-    monkeypatch.setattr(L, "_hooks_set", lambda: False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
-    return kernel
+from slabstage.kernels import stage_batch as SB
+from slabstage.kernels.stage_kernel import STAGE
 
 
 def _buffers(width=96, mrope=True):
     return ss.StagingBuffers.allocate(max_num_tokens=160, max_batch_size=5, embed_width=width,
                                       embed_dtype=torch.bfloat16, device="cpu", mrope=mrope)
-
-
-def _stager(buf):
-    st = SB.BatchStager(buf)
-    st.enabled = True
-    st.device_index = -1  # CPU tensors stand for device-resident ones
-    return st
 
 
 def _batch(n, seed, *, ids_dtype=torch.int64, media=True, slots=True, expand="zeros", text_scale=None,
@@ -82,7 +31,7 @@ def _batch(n, seed, *, ids_dtype=torch.int64, media=True, slots=True, expand="ze
     if vocab is not None:
         kw["vocab_range"], kw["vocab_size"] = vocab
     if media:
-        kw["media"] = torch.randn(11, width if expand == "zeros" else width // 2, generator=g)
+        kw["media"] = torch.randn(11, tw, generator=g)  # the slab width, or the text width with expand
         spans = [(s, min(3, n - s), (s // 5) % 9) for s in range(0, n, 11) if s + 1 < n]
         kw["media_index"] = ss.media_index_from_spans(spans, n, device="cpu")
     if slots:
@@ -112,6 +61,52 @@ CONFIGS = {
 }
 
 
+CONFIGS = {
+    "text": dict(media=False, slots=False),
+    "media+slots": dict(),
+    "repeat+scale": dict(expand="repeat", text_scale=0.5),
+    "int32+vocab+not-owner": dict(ids_dtype=torch.int32, vocab=((10, 57), 80), media_owner=False),
+    "strided": dict(strided=True),
+}
+
+
+class Recorder:
+    """Stands in for the kernel launcher: records every launch's arguments, pointers as integers."""
+
+    enabled = True
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid0, args, constexprs, num_warps):
+        args = STAGE.complete(args)
+        self.calls.append((grid0, {k: v.data_ptr() if isinstance(v, torch.Tensor) else v
+                                   for k, v in args.items()}, dict(constexprs), num_warps))
+        return FakeVariant(self)
+
+
+class FakeVariant:
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def launch(self, grid0, args):
+        self.recorder.calls.append((grid0, {k: args[k] for k in STAGE.runtime}, None, None))
+        return True
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(SB, "STAGE", rec)
+    return rec
+
+
+def _stager(buf):
+    st = SB.BatchStager(buf)
+    st.enabled = True  # CPU tensors stand for device-resident ones
+    return st
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_cached_path_launches_what_the_full_path_launches(recorder, config):
     buf = _buffers()
@@ -122,14 +117,16 @@ def test_cached_path_launches_what_the_full_path_launches(recorder, config):
         recorder.calls.clear()
         _full_path(buf, batch, pad_to)
         assert len(recorder.calls) == 1
-        want = recorder.calls[0]
+        grid0, want, _, _ = recorder.calls[0]
         recorder.calls.clear()
-        fast_before = st.fast_launches
+        before = st.cached_launches
         st(batch, pad_to, sig)
         assert len(recorder.calls) == 1
         # the first batch of the configuration takes the full path; every later one the cached path
-        assert st.fast_launches == fast_before + (step > 0)
-        assert recorder.calls[0] == want
+        assert st.cached_launches == before + (step > 0)
+        got_grid, got, _, _ = recorder.calls[0]
+        assert got_grid == grid0
+        assert {k: got[k] for k in STAGE.runtime} == {k: want[k] for k in STAGE.runtime}
 
 
 def test_each_configuration_is_kept_apart(recorder):
@@ -138,15 +135,15 @@ def test_each_configuration_is_kept_apart(recorder):
     sig = buf.registry.signature()
     for config in CONFIGS:
         st(_batch(20, 1, **CONFIGS[config]), 32, sig)
-    assert st.fast_launches == 0 and len(st._entries) == len(CONFIGS)
+    assert st.cached_launches == 0 and len(st.variants) == len(CONFIGS)
     for config in CONFIGS:
         batch = _batch(21, 2, **CONFIGS[config])
         recorder.calls.clear()
         _full_path(buf, batch, 32)
-        want = recorder.calls[-1]
+        want = recorder.calls[-1][1]
         st(batch, 32, sig)
-        assert recorder.calls[-1] == want
-    assert st.fast_launches == len(CONFIGS)
+        assert {k: recorder.calls[-1][1][k] for k in STAGE.runtime} == {k: want[k] for k in STAGE.runtime}
+    assert st.cached_launches == len(CONFIGS)
 
 
 def test_what_the_cached_path_leaves_to_the_full_path(recorder):
@@ -154,85 +151,27 @@ def test_what_the_cached_path_leaves_to_the_full_path(recorder):
     st = _stager(buf)
     sig = buf.registry.signature()
     st(_batch(20, 1), 32, sig)  # the configuration is now kept
-    assert len(st._entries) == 1
-
+    assert len(st.variants) == 1
     st(_batch(20, 1), 32, None)  # no signature checked by the caller
-    base = torch.zeros(41, dtype=torch.int64)  # unaligned: offset by 8 bytes
-    b = _batch(20, 1)
-    unaligned = ss.PrefillBatch(**{**b.__dict__, "input_ids": base[1:21].copy_(b.input_ids)})
-    st(unaligned, 32, sig)
-    mixed = ss.PrefillBatch(**{**b.__dict__, "positions": b.positions.to("meta")})  # neither device nor host
-    st.device_index = 0  # the buffers' device: the CPU inputs are host inputs, the meta one neither
-    with pytest.raises(ValueError, match="positions is on meta"):
-        st(mixed, 32, sig)
-    st.device_index = -1
-    assert st.fast_launches == 0 and len(st._entries) == 1
-
+    assert st.cached_launches == 0
     st(_batch(20, 1), 32, buf.registry.signature())  # another signature: the buffers are read again
-    assert st.fast_launches == 0
+    assert st.cached_launches == 0
     st(_batch(20, 1), 32, st._sig)
-    assert st.fast_launches == 1
+    assert st.cached_launches == 1
     buf.errors = ss.new_error_word("cpu")  # another error word: read again
     st(_batch(20, 1), 32, st._sig)
-    assert st.fast_launches == 1
-    assert recorder.calls[-1][14] == buf.errors.data_ptr()
-
-
-def _read(ptr, count):
-    """``count`` int64 values at host address ``ptr``."""
-    return torch.frombuffer((ctypes.c_int64 * count).from_address(ptr), dtype=torch.int64).clone()
-
-
-class OnDevice0(torch.Tensor):
-    """A CPU tensor that says it is on device 0: the table and media, next to host integer inputs."""
-
-    def get_device(self):
-        return 0
-
-
-@pytest.mark.parametrize("config", ["text", "media+slots"])
-def test_host_inputs_are_packed_aligned_in_one_buffer(recorder, config):
-    """Inputs on the host (here: the buffers claim device 0, the inputs are on the CPU) travel packed."""
-    buf = _buffers()
-    st = _stager(buf)
-    st.device_index = 0
-    sig = buf.registry.signature()
-    seen = []
-
-    def run(*args):  # read the packed parts while they are alive
-        a = args[9:]
-        n, b = a[6], a[31]
-        p_ids, p_pos, p_loc, p_mrope, p_seq, p_ext, p_index = a[16], a[17], a[18], a[19], a[20], a[21], a[4]
-        got = {"input_ids": _read(p_ids, n), "positions": _read(p_pos, n)}
-        if config != "text":
-            got.update(out_cache_loc=_read(p_loc, n), mrope_positions=_read(p_mrope, 3 * n).view(3, n),
-                       seq_lens=_read(p_seq, b), extend_start_loc=_read(p_ext, b), media_index=_read(p_index, n))
-            assert a[33] == n  # the packed mrope rows are n apart
-        seen.append((got, [p & 15 for p in (p_ids, p_pos, p_loc, p_mrope, p_seq, p_ext, p_index)]))
-
-    for step, n in enumerate([21, 21, 36, 7]):
-        batch = _batch(n, seed=step, ids_dtype=torch.int32, **CONFIGS[config])
-        batch.table = batch.table.as_subclass(OnDevice0)
-        if batch.media is not None:
-            batch.media = batch.media.as_subclass(OnDevice0)
-        recorder.run = run  # the first batch: the full path, from the inputs themselves; then packed copies
-        st(batch, 40, sig)
-        assert st.fast_launches == step and len(seen) == step + 1
-        if not step:
-            continue  # the full path read the int32 inputs where they are
-        got, misalign = seen[-1]
-        assert misalign == [0] * 7
-        for name, values in got.items():
-            assert torch.equal(values, getattr(batch, name).to(torch.int64)), name
+    assert st.cached_launches == 1
+    assert recorder.calls[-1][1]["errors_ptr"] == buf.errors.data_ptr()
 
 
 @pytest.mark.parametrize("bad, match", [
     (dict(positions=torch.arange(19)), "positions"),
-    (dict(positions=torch.arange(20.0)), "int32 or int64"),
+    (dict(positions=torch.arange(20.0)), "positions dtype"),
     (dict(table=torch.randn(57, 200, dtype=torch.bfloat16)), "too narrow"),
     (dict(media_index=torch.full((19,), -1)), "media_index"),
     (dict(vocab_range=(0, 99)), "vocab_range"),
     (dict(text_scale="2"), "text_scale"),
+    (dict(text_scale=float("nan")), "text_scale"),
     (dict(seq_lens=torch.ones(9, dtype=torch.int32), extend_start_loc=torch.zeros(9, dtype=torch.int32)),
      "max_batch_size"),
 ])
@@ -274,4 +213,4 @@ def test_cached_path_on_the_gpu_equals_the_full_path(config, side):
             a, b = fast.registry[name], full.registry[name]
             assert torch.equal(a.nan_to_num(123.0), b.nan_to_num(123.0)), (config, step, name)
         assert torch.equal(fast.errors, full.errors)
-    assert st.fast_launches == 4
+    assert st.cached_launches == 4

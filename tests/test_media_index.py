@@ -237,3 +237,100 @@ def test_spans_drive_staging(device):
     expected[6:10] = media[0:4]
     assert torch.equal(slab, expected)
     assert errors.tolist() == [0, 0, NO_ROW, 0]
+
+
+# -- media_index_from_mask with src_start (chunked prefill cutting an image) ------------------------
+
+INT32_MAX = 2**31 - 1
+
+
+def chunk_reference(mask, src_start):
+    """Independent of the kernels: a Python loop over the rows."""
+    out, k = [], 0
+    for placeholder in mask.cpu().tolist():
+        out.append(src_start + k if placeholder else -1)
+        k += placeholder
+    return torch.tensor(out, dtype=torch.int32)
+
+
+@pytest.fixture(params=["kernel", "reference"])
+def mask_path(request, monkeypatch):
+    """The Triton kernel (the interpreter on CPU) or the PyTorch reference path."""
+    if request.param == "reference":
+        from slabstage.kernels import media_index as module
+        monkeypatch.setattr(module, "use_triton", lambda t: False)
+    return request.param
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 1023, 1025, 2500])
+@pytest.mark.parametrize("src_start", [0, 1, 37, 4099])
+def test_mask_src_start(n, src_start, device, mask_path):
+    g = torch.Generator().manual_seed(n * 7 + src_start)
+    mask = (torch.rand(n, generator=g) < 0.45).to(device)
+    count = int(mask.sum())
+    errors = new_error_word(device)
+    index = media_index_from_mask(mask, count, src_start=src_start, errors=errors)
+    assert index.dtype == torch.int32 and index.shape == (n,) and index.device == mask.device
+    assert torch.equal(index.cpu(), chunk_reference(mask, src_start))
+    assert errors.tolist() == [0, 0, NO_ROW, count]
+
+
+@pytest.mark.parametrize("n, extra", [(9, 1), (1025, -2), (333, 4)])
+def test_mask_src_start_count_mismatch(n, extra, device, mask_path):
+    g = torch.Generator().manual_seed(n)
+    mask = (torch.rand(n, generator=g) < 0.5).to(device)
+    mask[0] = True
+    count = int(mask.sum())
+    errors = new_error_word(device)
+    index = media_index_from_mask(mask, count + extra, src_start=11, errors=errors)
+    assert torch.equal(index.cpu(), chunk_reference(mask, 11))
+    assert errors.tolist() == [MEDIA_COUNT_MISMATCH, 0, NO_ROW, count]  # the chunk's count, not src_start + count
+
+
+def test_mask_src_start_strided_and_at_the_int32_end(device, mask_path):
+    full = torch.zeros(2 * 301, dtype=torch.bool)
+    full[::3] = True
+    mask = full.to(device)[::2]  # strided: the reference path in every mode
+    n = mask.shape[0]
+    for src_start in (5, INT32_MAX - n + 1):  # the largest start whose rows all fit int32
+        errors = new_error_word(device)
+        index = media_index_from_mask(mask, int(mask.sum()), src_start=src_start, errors=errors)
+        assert torch.equal(index.cpu(), chunk_reference(mask, src_start))
+        assert errors[0].item() == 0
+    contiguous = mask.contiguous()
+    index = media_index_from_mask(contiguous, int(mask.sum()), src_start=INT32_MAX - n + 1, errors=errors)
+    assert torch.equal(index.cpu(), chunk_reference(mask, INT32_MAX - n + 1))
+
+
+def test_mask_src_start_stages_the_second_chunk_of_an_image(device, mask_path):
+    """An image of 9 rows cut by chunked prefill: rows 0..4 in chunk 1, rows 5..8 in chunk 2."""
+    g = torch.Generator().manual_seed(21)
+    V, W = 50, 16
+    image = torch.randn(9, W, generator=g).to(device)
+    table = torch.randn(V, W, generator=g).to(device)
+    chunks = [(torch.tensor([0, 0, 1, 1, 1, 1, 1], dtype=torch.bool), 0),
+              (torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0], dtype=torch.bool), 5)]
+    for mask, src_start in chunks:
+        n = mask.shape[0]
+        ids = torch.randint(0, V, (n,), generator=g).to(device)
+        errors = new_error_word(device)
+        index = media_index_from_mask(mask.to(device), int(mask.sum()), src_start=src_start, errors=errors)
+        slab = torch.full((n + 3, W), float("nan"), device=device)
+        stage_embeddings(slab, ids, table, media=image, media_index=index, pad_to=n + 2, errors=errors)
+        rows = mask.nonzero().flatten().tolist()
+        assert torch.equal(slab[rows], image[src_start:src_start + len(rows)])
+        text = (~mask).nonzero().flatten().tolist()
+        assert torch.equal(slab[text], table[ids[text]])
+        assert (slab[n:n + 2] == 0).all() and slab[n + 2].isnan().all()
+        assert errors.tolist() == [0, 0, NO_ROW, len(rows)]
+
+
+@pytest.mark.parametrize("src_start, exc", [(-1, ValueError), (1.0, TypeError), (True, TypeError), (None, TypeError),
+                                            (2**31, ValueError), (2**64, ValueError),
+                                            (INT32_MAX - 2, ValueError)])  # + 5 rows - 1 > INT32_MAX
+def test_mask_src_start_invalid(src_start, exc, device):
+    errors = new_error_word(device)
+    with pytest.raises(exc, match="src_start"):
+        media_index_from_mask(torch.tensor([True, False, True, False, False], device=device), 2,
+                              src_start=src_start, errors=errors)
+    assert errors.tolist() == [0, 0, NO_ROW, 0]  # refused before any write

@@ -2,6 +2,9 @@
 
 ``python -m slabstage.bench run`` runs the suites in ``bench/`` and saves their JSON;
 ``python -m slabstage.bench report`` turns the JSON into markdown tables and plots.
+The suites are not part of the installed package: they live in ``bench/`` of a
+source checkout, found beside the package (an editable install) or through
+``--bench-dir``; from a plain install ``run`` says so and exits 2.
 The timer below is importable by dotted name, so it also plugs in as
 ``pytest --benchmark-timer slabstage.bench.cuda_event_timer``.
 """
@@ -12,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CudaEventTimer", "cuda_event_timer", "TIMER_PRECISION_S", "bench_dir", "default_results_dir"]
+__all__ = ["CudaEventTimer", "cuda_event_timer", "TIMER_PRECISION_S", "bench_dir", "default_results_dir",
+           "find_bench_dir", "NO_CHECKOUT"]
 
 # What a pair of CUDA events resolves (about half a microsecond); pinned as the
 # timer's precision so pytest-benchmark never probes it by calling the timer out of pairs.
@@ -62,9 +66,20 @@ class CudaEventTimer:
 cuda_event_timer = CudaEventTimer()
 
 
+NO_CHECKOUT = ("the benchmark suites live in bench/ of a slabstage source checkout, not in the installed package: "
+               "run this from an editable install of a checkout (pip install -e .), or pass --bench-dir "
+               "CHECKOUT/bench")
+
+
 def bench_dir() -> Path:
-    """The repository's ``bench/`` folder (the suites live there, not in the package)."""
+    """Where the repository's ``bench/`` folder is when this package sits in a checkout (it may not exist)."""
     return Path(__file__).resolve().parents[2] / "bench"
+
+
+def find_bench_dir(given: Path | None = None) -> Path | None:
+    """``given``, else the checkout's ``bench/``, when it holds the suites (``conftest.py``); else None."""
+    path = bench_dir() if given is None else Path(given).resolve()
+    return path if (path / "conftest.py").is_file() else None
 
 
 def default_results_dir() -> Path:

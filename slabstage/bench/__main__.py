@@ -10,6 +10,10 @@ says where) and exits 0.
 
 ``report`` writes ``<suite>.md`` (a table) and ``<suite>.png`` (a plot, when
 matplotlib is installed) for every JSON in the results folder.
+
+The suites live in ``bench/`` of a source checkout. From an installed wheel,
+``run`` needs ``--bench-dir CHECKOUT/bench`` and ``report`` needs ``--results``;
+without them each says so and exits 2.
 """
 
 from __future__ import annotations
@@ -21,17 +25,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import bench_dir, default_results_dir
+from . import NO_CHECKOUT, find_bench_dir
 
-USAGE = """usage: python -m slabstage.bench run [--results DIR] [--suite NAME] [--quiet] [pytest args ...]
-       python -m slabstage.bench report [--results DIR] [--out DIR] [--no-plots] [--quiet]"""
+USAGE = """usage: python -m slabstage.bench run [--results DIR] [--suite NAME] [--bench-dir DIR] [--quiet] [pytest args]
+       python -m slabstage.bench report [--results DIR] [--out DIR] [--no-plots] [--quiet]
+
+The suites live in bench/ of a source checkout (not in the installed package)."""
 
 
 STANDALONE = {"bench_tp.py"}  # its own two-process script (python bench/bench_tp.py), not a pytest suite
 
 
-def _suites(names: list[str] | None) -> list[Path]:
-    found = sorted(p for p in bench_dir().glob("bench_*.py") if p.name not in STANDALONE)
+def _suites(bench: Path, names: list[str] | None) -> list[Path]:
+    found = sorted(p for p in bench.glob("bench_*.py") if p.name not in STANDALONE)
     if not names:
         return found
     wanted = {n.removeprefix("bench_").removesuffix(".py") for n in names}
@@ -55,20 +61,23 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--results", type=Path, default=None,
                         help="folder for <suite>.json (default: bench/results; without CUDA: a temp folder)")
     parser.add_argument("--suite", action="append", help="run only this suite (repeatable), e.g. stage_embeddings")
+    parser.add_argument("--bench-dir", type=Path, default=None,
+                        help="the checkout's bench/ folder (default: the one beside this package, in a checkout)")
     parser.add_argument("--quiet", action="store_true",
                         help="no pytest output (its progress line included); one line per suite")
     args, pytest_args = parser.parse_known_args(argv)
 
-    if not bench_dir().is_dir():
-        print(f"slabstage.bench: no bench/ folder at {bench_dir()}: the suites live in a source checkout",
-              file=sys.stderr)
+    bench = find_bench_dir(args.bench_dir)
+    if bench is None:
+        where = args.bench_dir or "beside the installed package"
+        print(f"slabstage.bench: no benchmark suites found ({where}): {NO_CHECKOUT}", file=sys.stderr)
         return 2
-    suites = _suites(args.suite)
-    root = bench_dir().parent
+    suites = _suites(bench, args.suite)
+    root = bench.parent
     env = dict(os.environ)
     cuda = _has_cuda()
     if cuda:
-        results = args.results or default_results_dir()
+        results = args.results or bench / "results"
     else:
         # A CPU run's figures are not the GPU figures bench/results holds; keep them apart.
         results = args.results or Path(tempfile.gettempdir()) / "slabstage-bench-cpu"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from . import default_results_dir
+from . import default_results_dir, find_bench_dir
 
 __all__ = ["Row", "load_rows", "markdown", "plot", "write_reports", "main"]
 
@@ -292,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     args = parser.parse_args(argv)
+    if args.results is None and find_bench_dir() is None:
+        print("slabstage.bench report: no checkout beside the installed package: pass --results DIR "
+              "(the folder `python -m slabstage.bench run` wrote)", file=sys.stderr)
+        return 2
     results = args.results or default_results_dir()
     if not results.is_dir():
         print(f"slabstage.bench report: no results folder {results}; run `python -m slabstage.bench run` first",

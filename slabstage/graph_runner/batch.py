@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence, Union
 
 import torch
 
-__all__ = ["PrefillBatch"]
+from ..checks import FLOAT_DTYPES, check_choice, check_tensor
+from ..kernels.plan import check_token_sources
 
+__all__ = ["PrefillBatch", "Media"]
 
-def _need_tensor(name: str, t: object, dims: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"PrefillBatch.{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != dims:
-        raise ValueError(f"PrefillBatch.{name} must be {dims}-D, got shape {tuple(t.shape)}")
+# one 2-D tensor, or items laid end to end: each a 2-D tensor or a tuple of column blocks
+Media = Union[torch.Tensor, Sequence[Union[torch.Tensor, tuple]]]
 
 
 @dataclass
@@ -21,10 +21,14 @@ class PrefillBatch:
     """One prefill batch of ``n`` tokens.
 
     Integer inputs may live on the host (as a scheduler builds them) or on the
-    device; ``table`` and ``media`` live on the buffers' device. ``media_index[r]
-    >= 0`` makes row ``r`` a media row (see :func:`slabstage.stage_embeddings`).
+    device; ``table`` lives on the buffers' device. ``media`` is one 2-D tensor or
+    a list of items (see :func:`slabstage.stage_embeddings`); ``media_index[r] >= 0``
+    makes row ``r`` a media row. ``mrope_positions`` is ``[3, n]``.
     ``vocab_range``, ``vocab_size`` and ``media_owner`` are for vocab-parallel
     (tensor-parallel) staging.
+
+    Construction checks what needs no buffers (kinds, ranks, lengths); the runner
+    checks the rest, against its buffers, before it writes anything.
     """
 
     input_ids: torch.Tensor
@@ -34,7 +38,7 @@ class PrefillBatch:
     seq_lens: torch.Tensor | None = None
     extend_start_loc: torch.Tensor | None = None
     mrope_positions: torch.Tensor | None = None
-    media: torch.Tensor | None = None
+    media: Media | None = None
     media_index: torch.Tensor | None = None
     expand: str = "zeros"
     text_scale: float | None = None
@@ -43,30 +47,19 @@ class PrefillBatch:
     media_owner: bool = True
 
     def __post_init__(self) -> None:
-        _need_tensor("input_ids", self.input_ids, 1)
-        n = self.input_ids.shape[0]
+        _, n, _ = check_token_sources(
+            None, input_ids=self.input_ids, positions=self.positions, out_cache_loc=self.out_cache_loc,
+            mrope_positions=self.mrope_positions, seq_lens=self.seq_lens, extend_start_loc=self.extend_start_loc)
         if n == 0:
             raise ValueError("PrefillBatch is empty: input_ids has 0 tokens")
-        _need_tensor("positions", self.positions, 1)
-        _need_tensor("table", self.table, 2)
-        for name in ("out_cache_loc", "media_index"):
-            t = getattr(self, name)
-            if t is not None:
-                _need_tensor(name, t, 1)
-        for name in ("positions", "out_cache_loc", "media_index"):
-            t = getattr(self, name)
-            if t is not None and t.shape[0] != n:
-                raise ValueError(f"PrefillBatch.{name} has {t.shape[0]} entries for {n} tokens")
-        if self.mrope_positions is not None:
-            _need_tensor("mrope_positions", self.mrope_positions, 2)
+        check_tensor("table", self.table, dtypes=FLOAT_DTYPES, dims=2)
+        if self.media_index is not None:
+            check_tensor("media_index", self.media_index, shape=(n,))
         if (self.seq_lens is None) != (self.extend_start_loc is None):
             raise ValueError("PrefillBatch: give seq_lens and extend_start_loc together, or neither")
-        if self.media is not None:
-            _need_tensor("media", self.media, 2)
-            if self.media_index is None:
-                raise ValueError("PrefillBatch.media was given without media_index")
-        if self.expand not in ("zeros", "repeat"):
-            raise ValueError(f'PrefillBatch.expand must be "zeros" or "repeat", got {self.expand!r}')
+        if self.media is not None and self.media_index is None:
+            raise ValueError("PrefillBatch.media was given without media_index")
+        check_choice("expand", self.expand, ("zeros", "repeat"))
 
     @property
     def num_tokens(self) -> int:

@@ -150,7 +150,7 @@ class PrefillGraphRunner:
         self._views: dict[int, Any] = {}  # n -> the first n rows of its bucket's outputs
         self._bucket_of: list = []  # n -> bucket_for(n), up to the largest bucket
         self._bucket_ratio = None  # the max_padding_ratio _bucket_of was built for
-        self._stage = BatchStager(buffers)
+        self.stager = BatchStager(buffers)
         self._signature = None
         self._said_eager = False
         self.last_bucket: int | None = None  # bucket of the last run, None when it ran eagerly
@@ -161,6 +161,16 @@ class PrefillGraphRunner:
     @property
     def captured(self) -> bool:
         return bool(self._graphs)
+
+    @property
+    def graphs(self) -> dict:
+        """bucket -> ``(torch.cuda.CUDAGraph, its static outputs)``; empty before :meth:`capture`."""
+        return dict(self._graphs)
+
+    @property
+    def signature(self):
+        """The registry signature recorded at capture (checked before every replay), or None."""
+        return self._signature
 
     def capture(self) -> "PrefillGraphRunner":
         """Capture every bucket, largest first, into one pool; freeze the registry."""
@@ -296,7 +306,7 @@ class PrefillGraphRunner:
                                  f"{self.registry.capacity} tokens")
         range_push("slabstage.stage")
         try:
-            self._stage(batch, bucket or n, signature)
+            self.stager(batch, bucket or n, signature)
         finally:
             range_pop()
         if self.after_stage is not None:

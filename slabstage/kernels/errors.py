@@ -14,9 +14,18 @@ index    meaning
 
 Nothing on the host looks at the word until the engine calls
 :func:`raise_if_errors` (one sync, when it chooses) or passes ``strict=True``.
+
+Inference mode: the words slabstage makes (:func:`new_error_word`, the default word
+of a device, ``StagingBuffers.errors``) are normal tensors even when made under
+``torch.inference_mode``, so they work in and outside it. A word the caller made
+under inference mode (an inference tensor) is accepted too: it is written, read
+and reset under inference mode, which PyTorch allows for inference tensors
+anywhere, so it also works outside inference mode (see :func:`writing_word`).
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -26,6 +35,7 @@ __all__ = [
     "BAD_TOKEN_ID",
     "BAD_MEDIA_INDEX",
     "MEDIA_COUNT_MISMATCH",
+    "VALUE_OUT_OF_RANGE",
     "StagingError",
     "check_error_word",
     "default_error_word",
@@ -33,19 +43,23 @@ __all__ = [
     "new_error_word",
     "raise_if_errors",
     "reset_errors",
+    "writing_word",
 ]
 
 BAD_TOKEN_ID = 1  # a text row's id is negative or >= the vocabulary size
 BAD_MEDIA_INDEX = 2  # a media row's index is >= the number of media rows
 MEDIA_COUNT_MISMATCH = 4  # placeholder rows in the mask != media rows given
+VALUE_OUT_OF_RANGE = 8  # a device integer input does not fit its slot's dtype (stored truncated)
 
 _NAMES = {
     BAD_TOKEN_ID: "token id outside the vocabulary",
     BAD_MEDIA_INDEX: "media index past the media rows",
     MEDIA_COUNT_MISMATCH: "placeholder count differs from the media rows",
+    VALUE_OUT_OF_RANGE: "integer input does not fit its slot's dtype",
 }
 
 _DEFAULT_WORDS: dict[torch.device, torch.Tensor] = {}
+_DEFAULT_WORDS_LOCK = threading.Lock()  # one default word per device, whatever the threads
 
 
 class StagingError(RuntimeError):
@@ -57,14 +71,33 @@ class StagingError(RuntimeError):
 
 
 def default_error_word(device: torch.device) -> torch.Tensor:
-    """The module-level error word of ``device``, used when a call passes none."""
+    """The module-level error word of ``device``, used when a call passes none.
+
+    Made once per device (under a lock, so threads that stage at the same time share
+    it and no flagged row is lost), as a normal tensor even under inference mode.
+    """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     word = _DEFAULT_WORDS.get(device)
     if word is None:
-        word = _DEFAULT_WORDS[device] = new_error_word(device)
+        with _DEFAULT_WORDS_LOCK:
+            word = _DEFAULT_WORDS.get(device)  # another thread may have made it meanwhile
+            if word is None:
+                word = new_error_word(device)
+                _DEFAULT_WORDS[device] = word  # published only once it is fully set up
     return word
+
+
+def writing_word(errors: torch.Tensor):
+    """A context in which the reference path (PyTorch ops) may update ``errors`` in place.
+
+    A word made by the caller under ``torch.inference_mode`` (an inference tensor) is
+    updated under inference mode, which PyTorch allows anywhere; any other word under
+    no inference mode, which a normal tensor needs nowhere but harms nothing. The
+    Triton path writes through the word's address and needs no context.
+    """
+    return torch.inference_mode(errors.is_inference())
 
 
 def check_error_word(errors: torch.Tensor, device: torch.device, against: str = "the slab") -> None:
@@ -85,16 +118,24 @@ def describe_errors(codes: int) -> list[str]:
 
 
 def reset_errors(errors: torch.Tensor) -> None:
-    """Clear the word (asynchronously, on the current stream)."""
-    errors[:ERROR_WORD_SIZE].zero_()
-    errors[2] = NO_ROW
+    """Clear the word (asynchronously, on the current stream), in or outside inference mode.
+
+    Raises ``ValueError`` before touching anything when ``errors`` is not an error word.
+    """
+    check_error_word(errors, getattr(errors, "device", None), "the word")
+    with writing_word(errors):
+        errors[:ERROR_WORD_SIZE].zero_()
+        errors[2] = NO_ROW
 
 
 def raise_if_errors(errors: torch.Tensor | None = None, *, device: torch.device | str | None = None) -> None:
     """Read the error word (one host sync), reset it, and raise :class:`StagingError` if set.
 
     With no ``errors``, the module-level word of ``device`` (default: the current
-    CUDA device, else CPU) is read.
+    CUDA device, else CPU) is read. Works in and outside inference mode, for a word
+    made in either (a caller's inference-tensor word is reset under inference mode);
+    a word found set raises :class:`StagingError` and nothing else. An argument that
+    is not an error word raises ``ValueError`` before anything is read.
     """
     if errors is None:
         if device is None:

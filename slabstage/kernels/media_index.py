@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import torch
 
-from ._triton import tl, triton, use_triton
+from ..checks import INT32_MAX, check_int, is_int
+from .runtime import tl, triton, use_triton
 from .errors import MEDIA_COUNT_MISMATCH, check_error_word, default_error_word
 from .reference import media_index_from_mask_reference
 
@@ -25,10 +24,39 @@ def to_device_pinned(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def _int(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {v!r}")
-    return int(v)
+_SPAN_FIELDS = ("dst_start", "length", "src_start")
+
+
+def _count(name: str, v: object) -> int:
+    """A count or offset that fits media_index (int32): ``check_int``, then ``>= 0``."""
+    v = check_int(name, v, hi=INT32_MAX)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v}")
+    return v
+
+
+def _parse_span(k: int, span: object) -> tuple[int, int, int]:
+    """(dst_start, length, src_start) of span ``k`` as ints in [0, INT32_MAX]; TypeError/ValueError naming it."""
+    try:
+        fields = tuple(span)
+    except TypeError:
+        raise TypeError(f"span {k} must be a (dst_start, length, src_start) tuple of ints, "
+                        f"got {span!r} ({type(span).__name__})") from None
+    if len(fields) != 3:
+        raise ValueError(f"span {k} must be (dst_start, length, src_start), got {span!r}")
+    for field, v in zip(_SPAN_FIELDS, fields):
+        if not is_int(v):  # the one rule for ints (checks.is_int); the range is checked below, per field
+            raise TypeError(f"span {k} field must be an int: {field} is {v!r} ({type(v).__name__}) in {span!r}")
+    dst, length, src = (int(v) for v in fields)
+    if dst < 0 or length < 0 or src < 0:
+        raise ValueError(f"span {k} {span!r} has a negative value")
+    for field, v in zip(_SPAN_FIELDS, (dst, length, src)):
+        if v > INT32_MAX:
+            raise ValueError(f"span {k} {field} = {v} is past int32 (media_index is int32: at most {INT32_MAX})")
+    if length and src + length - 1 > INT32_MAX:
+        raise ValueError(f"span {k} {span!r} reads media rows up to {src + length - 1}, past int32 "
+                         f"(src_start + length - 1 must be at most {INT32_MAX})")
+    return dst, length, src
 
 
 def media_index_from_spans(spans, num_tokens: int, *, device, num_media_rows: int | None = None) -> torch.Tensor:
@@ -37,21 +65,21 @@ def media_index_from_spans(spans, num_tokens: int, *, device, num_media_rows: in
     ``spans`` is an iterable of ``(dst_start, length, src_start)``: rows
     ``dst_start + i`` take media row ``src_start + i`` for ``i < length``; every
     other row is a text row (-1). Spans that overlap, run past ``num_tokens`` (or
-    past ``num_media_rows`` when given) or hold negative values raise ``ValueError``.
+    past ``num_media_rows`` when given), hold negative values or values past int32
+    raise ``ValueError``; a span that is not a triple of ints raises ``TypeError`` or
+    ``ValueError``. Each error names the span (its position in ``spans``).
     """
-    num_tokens = _int("num_tokens", num_tokens)
-    if num_tokens < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-    if num_media_rows is not None and _int("num_media_rows", num_media_rows) < 0:
-        raise ValueError(f"num_media_rows must be >= 0, got {num_media_rows}")
-    index = np.full(num_tokens, -1, dtype=np.int32)
+    num_tokens = _count("num_tokens", num_tokens)
+    if num_media_rows is not None:
+        num_media_rows = _count("num_media_rows", num_media_rows)
+    try:
+        spans = iter(spans)
+    except TypeError:
+        raise TypeError(f"spans must be an iterable of (dst_start, length, src_start) tuples, "
+                        f"got {type(spans).__name__}") from None
     parsed = []
     for k, span in enumerate(spans):
-        if len(span) != 3:
-            raise ValueError(f"span {k} must be (dst_start, length, src_start), got {span!r}")
-        dst, length, src = (_int(f"span {k} field", v) for v in span)
-        if dst < 0 or length < 0 or src < 0:
-            raise ValueError(f"span {k} {span!r} has a negative value")
+        dst, length, src = _parse_span(k, span)
         if dst + length > num_tokens:
             raise ValueError(f"span {k} {span!r} runs past num_tokens={num_tokens}")
         if num_media_rows is not None and src + length > num_media_rows:
@@ -62,6 +90,7 @@ def media_index_from_spans(spans, num_tokens: int, *, device, num_media_rows: in
     for (d0, l0, _, k0), (d1, _, _, k1) in zip(parsed, parsed[1:]):
         if d1 < d0 + l0:
             raise ValueError(f"spans {k0} and {k1} overlap at row {d1}")
+    index = np.full(num_tokens, -1, dtype=np.int32)
     for dst, length, src, _ in parsed:
         index[dst:dst + length] = np.arange(src, src + length, dtype=np.int32)
     return to_device_pinned(torch.from_numpy(index), torch.device(device))
@@ -69,14 +98,15 @@ def media_index_from_spans(spans, num_tokens: int, *, device, num_media_rows: in
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["n", "num_media"])
-    def _media_index_from_counts_kernel(mask_ptr, counts_ptr, index_ptr, errors_ptr, n, num_media,
+    @triton.jit(do_not_specialize=["n", "num_media", "src_start"])
+    def _media_index_from_counts_kernel(mask_ptr, counts_ptr, index_ptr, errors_ptr, n, num_media, src_start,
                                         BLOCK: tl.constexpr, MISMATCH: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < n
         is_media = tl.load(mask_ptr + offs, mask=ok, other=0) != 0
         counts = tl.load(counts_ptr + offs, mask=ok, other=0)
-        tl.store(index_ptr + offs, tl.where(is_media, counts - 1, -1), mask=ok)
+        # the host checked src_start + n - 1 <= INT32_MAX: no int32 overflow here
+        tl.store(index_ptr + offs, tl.where(is_media, counts + (src_start - 1), -1), mask=ok)
         last = offs == n - 1  # the program holding the last row checks the total
         total = tl.sum(tl.where(last, counts, 0), axis=0)
         has_last = tl.sum(last.to(tl.int32), axis=0) > 0
@@ -84,30 +114,40 @@ if triton is not None:
         tl.atomic_xchg(errors_ptr + 3, total, mask=has_last)
 
 
-def media_index_from_mask(is_media: torch.Tensor, num_media_rows: int, *,
+def media_index_from_mask(is_media: torch.Tensor, num_media_rows: int, *, src_start: int = 0,
                           errors: torch.Tensor | None = None) -> torch.Tensor:
     """``int32[n]`` index from a device placeholder mask, by prefix sum; no host sync.
 
-    Row ``r`` with ``is_media[r]`` takes media row ``(number of media rows before r)``;
-    other rows get -1. A placeholder count different from ``num_media_rows`` sets
-    ``MEDIA_COUNT_MISMATCH`` in the error word (and word[3] = the count found); the
-    staging kernel then also flags any index past the media rows.
+    Row ``r`` with ``is_media[r]`` takes media row ``src_start + (placeholders before r)``;
+    other rows get -1. ``src_start`` serves chunked prefill: a chunk whose first
+    placeholder is media row ``src_start`` (an image cut by the chunk boundary) maps
+    its k-th placeholder to row ``src_start + k``. ``num_media_rows`` is this chunk's
+    placeholder count: a mask with a different count sets ``MEDIA_COUNT_MISMATCH`` in
+    the error word (and word[3] = the count found); the staging kernel then also flags
+    any index past the media rows.
+
+    ``num_media_rows`` and ``src_start`` are ints >= 0 with ``src_start + n - 1`` and
+    ``num_media_rows`` within int32; anything else raises ``TypeError``/``ValueError``
+    before anything is written.
     """
     if not isinstance(is_media, torch.Tensor) or is_media.dim() != 1:
         raise ValueError(f"is_media must be a 1-D tensor, got {getattr(is_media, 'shape', is_media)!r}")
     if is_media.dtype != torch.bool:
         raise TypeError(f"is_media must be a bool tensor, got {is_media.dtype}")
-    num_media_rows = _int("num_media_rows", num_media_rows)
-    if num_media_rows < 0:
-        raise ValueError(f"num_media_rows must be >= 0, got {num_media_rows}")
+    num_media_rows = _count("num_media_rows", num_media_rows)
+    src_start = _count("src_start", src_start)
+    n = is_media.shape[0]
+    if n and src_start + n - 1 > INT32_MAX:
+        raise ValueError(f"src_start={src_start} with {n} mask rows could index media row {src_start + n - 1}, "
+                         f"past int32 (media_index is int32: at most {INT32_MAX})")
     errors = default_error_word(is_media.device) if errors is None else errors
     check_error_word(errors, is_media.device, "is_media")
-    n = is_media.shape[0]
     if not use_triton(is_media) or n == 0 or (n > 1 and is_media.stride(0) != 1):
-        return media_index_from_mask_reference(is_media, num_media_rows, errors)
+        return media_index_from_mask_reference(is_media, num_media_rows, errors, src_start)
     counts = torch.cumsum(is_media, 0, dtype=torch.int32)
     index = torch.empty(n, dtype=torch.int32, device=is_media.device)
     block = 1024
     _media_index_from_counts_kernel[(triton.cdiv(n, block),)](
-        is_media, counts, index, errors, n, num_media_rows, BLOCK=block, MISMATCH=MEDIA_COUNT_MISMATCH)
+        mask_ptr=is_media, counts_ptr=counts, index_ptr=index, errors_ptr=errors, n=n, num_media=num_media_rows,
+        src_start=src_start, BLOCK=block, MISMATCH=MEDIA_COUNT_MISMATCH)
     return index

@@ -35,6 +35,7 @@ def _gather(source: torch.Tensor, index: torch.Tensor, keep: torch.Tensor) -> to
 
 
 def _record(errors: torch.Tensor, bad_id: torch.Tensor, bad_media: torch.Tensor) -> None:
+    """Set the error word as the kernel does (codes, rows flagged, first row)."""
     if bad_id.numel() == 0:
         return
     bad = bad_id | bad_media
@@ -45,34 +46,57 @@ def _record(errors: torch.Tensor, bad_id: torch.Tensor, bad_media: torch.Tensor)
     errors[2] = torch.minimum(errors[2], torch.where(bad, rows, NO_ROW).min())
 
 
-def stage_embeddings_reference(slab, input_ids, table, media, media_index, *, pad_to, expand, text_scale,
-                               vocab_start, vocab_end, vocab_size, media_owner, errors) -> None:
+def media_rows(plan) -> torch.Tensor | None:
+    """The media of a :class:`~slabstage.kernels.plan.MediaPlan` as one tensor: its items laid end to end."""
+    if plan is None:
+        return None
+    if not plan.items:
+        return plan.tensor
+    rows = [torch.cat(blocks, 1) if len(blocks) > 1 else blocks[0] for blocks in plan.items]
+    return torch.cat(rows, 0) if len(rows) > 1 else rows[0]
+
+
+@torch.no_grad()
+def stage_embeddings_reference(slab, input_ids, table, plan, media_index, *, pad_to, expand, text_scale, bounds,
+                               media_owner, errors) -> None:
+    """The kernel's semantics in PyTorch; records no autograd history whatever its inputs require."""
+    vocab_start, vocab_end, vocab_size = bounds
+    media = media_rows(plan)
     n, width = input_ids.shape[0], slab.shape[1]
     ids = input_ids.long()
     mi = media_index.long() if media_index is not None else torch.full_like(ids, -1)
     num_media = media.shape[0] if media is not None else 0
     is_media = mi >= 0
     bad_id = ~is_media & ((ids < 0) | (ids >= vocab_size))
-    bad_media = mi >= num_media
+    bad_media = is_media & (mi >= num_media)
     in_shard = ~is_media & ~bad_id & (ids >= vocab_start) & (ids < vocab_end)
 
     text = _gather(table, ids - vocab_start, in_shard)
-    text = (text.float() * text_scale if text_scale is not None else text).to(slab.dtype)
-    out = _expand(text, width, expand)
+    if text_scale is not None:
+        text = torch.where(in_shard[:, None], text.float() * text_scale, torch.zeros((), device=text.device))
+    out = _expand(text.to(slab.dtype), width, expand)
     if media is not None and media_owner:
         med = _gather(media, mi, is_media & ~bad_media).to(slab.dtype)
         out = torch.where(is_media[:, None], _expand(med, width, expand), out)
+    elif media is not None:
+        out = torch.where(is_media[:, None], torch.zeros((), dtype=out.dtype, device=out.device), out)
     slab[:n] = out
     slab[n:pad_to] = 0
     _record(errors, bad_id, bad_media)
 
 
-def media_index_from_mask_reference(is_media: torch.Tensor, num_media_rows: int, errors: torch.Tensor) -> torch.Tensor:
+def media_index_from_mask_reference(is_media: torch.Tensor, num_media_rows: int, errors: torch.Tensor,
+                                    src_start: int = 0) -> torch.Tensor:
+    """Row r with is_media[r] takes media row ``src_start + (placeholders before r)``; other rows -1.
+
+    A placeholder count different from ``num_media_rows`` sets MEDIA_COUNT_MISMATCH; word[3] = the count.
+    """
     counts = torch.cumsum(is_media.to(torch.int32), 0, dtype=torch.int32)
-    index = torch.where(is_media, counts - 1, torch.full_like(counts, -1))
+    index = torch.where(is_media, counts + (src_start - 1), torch.full_like(counts, -1))
     total = counts[-1] if counts.numel() else torch.zeros((), dtype=torch.int32, device=is_media.device)
-    errors[0] = errors[0] | ((total != num_media_rows).to(torch.int32) * MEDIA_COUNT_MISMATCH)
-    errors[3] = total
+    with torch.inference_mode(errors.is_inference()):  # as errors.writing_word: a caller's inference word works
+        errors[0] = errors[0] | ((total != num_media_rows).to(torch.int32) * MEDIA_COUNT_MISMATCH)
+        errors[3] = total
     return index
 
 

@@ -2,7 +2,7 @@
 
 from .buffers import ERROR_WORD_SIZE, StagingBuffers, new_error_word
 from .registry import BufferRegistry, RegistryMismatchError, Slot, SlotSignature
-from .width import WidthContractError, check_source_width, resolve_input_embeds_width
+from .width import WidthContractError, check_media_width, check_source_width, resolve_input_embeds_width
 
 __all__ = [
     "BufferRegistry",
@@ -12,6 +12,7 @@ __all__ = [
     "SlotSignature",
     "StagingBuffers",
     "WidthContractError",
+    "check_media_width",
     "check_source_width",
     "new_error_word",
     "resolve_input_embeds_width",

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
+from ..checks import FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_int
 from .registry import BufferRegistry
 
 __all__ = ["StagingBuffers", "ERROR_WORD_SIZE", "new_error_word"]
@@ -17,16 +16,24 @@ NO_ROW = 2**31 - 1
 
 
 def new_error_word(device: torch.device | str) -> torch.Tensor:
-    """A fresh device error word: ``int32[4]`` = (codes, rows flagged, first row, count)."""
-    word = torch.zeros(ERROR_WORD_SIZE, dtype=torch.int32, device=device)
-    word[2] = NO_ROW  # a device fill, no host copy: safe under sync debug mode
+    """A fresh device error word: ``int32[4]`` = (codes, rows flagged, first row, count).
+
+    Always a normal tensor, even when made under ``torch.inference_mode``, so that it
+    can be written, read and reset both inside and outside inference mode.
+    """
+    with torch.inference_mode(False):
+        word = torch.zeros(ERROR_WORD_SIZE, dtype=torch.int32, device=device)
+        word[2] = NO_ROW  # a device fill, no host copy: safe under sync debug mode
     return word
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
+def _size(name: str, value: object) -> int:
+    """A positive size of at most ``INT32_MAX`` (ValueError otherwise, as allocate documents)."""
+    try:
+        return check_int(name, value, lo=1, hi=INT32_MAX)
+    except (TypeError, ValueError):
+        too_big = f" (at most {INT32_MAX})" if isinstance(value, int) and value > INT32_MAX else ""
+        raise ValueError(f"{name} must be a positive int, got {value!r}{too_big}") from None
 
 
 class StagingBuffers:
@@ -70,7 +77,8 @@ class StagingBuffers:
         """
         if self._token_scratch is None or self._token_scratch.numel() < numel:
             cap = 6 * self.max_num_tokens + 2 * self.max_batch_size
-            self._token_scratch = torch.empty(max(numel, cap), dtype=torch.int64, device=self.device)
+            with torch.inference_mode(False):  # a normal tensor, usable in and outside inference mode
+                self._token_scratch = torch.empty(max(numel, cap), dtype=torch.int64, device=self.device)
         return self._token_scratch[:numel]
 
     @classmethod
@@ -85,13 +93,20 @@ class StagingBuffers:
         cache_loc_dtype: torch.dtype = torch.int64,
         mrope: bool = False,
     ) -> "StagingBuffers":
-        """Allocate every slot once; raise ``ValueError`` on an invalid argument."""
-        T = _positive_int("max_num_tokens", max_num_tokens)
-        B = _positive_int("max_batch_size", max_batch_size)
-        W = _positive_int("embed_width", embed_width)
-        if not isinstance(embed_dtype, torch.dtype) or not embed_dtype.is_floating_point:
-            raise ValueError(f"embed_dtype must be a floating torch.dtype, got {embed_dtype!r}")
-        if cache_loc_dtype not in (torch.int32, torch.int64):
+        """Allocate every slot once; raise ``ValueError`` on an invalid argument.
+
+        Sizes are positive ints of at most ``2**31 - 1``; ``embed_dtype`` is one that the
+        staging kernels write (float16, bfloat16 or float32). Every tensor is a normal
+        tensor even when this runs under ``torch.inference_mode``, so the buffers work the
+        same in and outside inference mode, on the Triton and the reference path.
+        """
+        T = _size("max_num_tokens", max_num_tokens)
+        B = _size("max_batch_size", max_batch_size)
+        W = _size("embed_width", embed_width)
+        if not isinstance(embed_dtype, torch.dtype) or embed_dtype not in FLOAT_DTYPES:
+            raise ValueError(f"embed_dtype must be a floating torch.dtype that staging writes "
+                             f"(float16, bfloat16 or float32), got {embed_dtype!r}")
+        if not isinstance(cache_loc_dtype, torch.dtype) or cache_loc_dtype not in INT_DTYPES:
             raise ValueError(f"cache_loc_dtype must be torch.int32 or torch.int64, got {cache_loc_dtype!r}")
         if not isinstance(mrope, bool):
             raise ValueError(f"mrope must be a bool, got {mrope!r}")
@@ -101,17 +116,18 @@ class StagingBuffers:
         except (RuntimeError, TypeError, AssertionError) as e:  # Assertion: torch without CUDA
             raise ValueError(f"device {device!r} is not usable: {e}") from None
 
-        reg = BufferRegistry()
-        reg.register("input_ids", torch.zeros(T, dtype=torch.int64, device=device))
-        reg.register("positions", torch.zeros(T, dtype=torch.int64, device=device))
-        reg.register("out_cache_loc", torch.zeros(T, dtype=cache_loc_dtype, device=device))
-        reg.register("input_embeds", torch.zeros(T, W, dtype=embed_dtype, device=device))
-        if mrope:
-            reg.register("mrope_positions", torch.zeros(3, T, dtype=torch.int64, device=device), token_axis=1)
-        reg.register("seq_lens", torch.zeros(B, dtype=torch.int32, device=device), token_axis=None)
-        reg.register("extend_start_loc", torch.zeros(B, dtype=torch.int32, device=device), token_axis=None)
-        reg.register("num_tokens_non_padded", torch.zeros(1, dtype=torch.int32, device=device),
-                     token_axis=None, pad=None)
+        with torch.inference_mode(False):  # normal tensors, even when called under inference mode
+            reg = BufferRegistry()
+            reg.register("input_ids", torch.zeros(T, dtype=torch.int64, device=device))
+            reg.register("positions", torch.zeros(T, dtype=torch.int64, device=device))
+            reg.register("out_cache_loc", torch.zeros(T, dtype=cache_loc_dtype, device=device))
+            reg.register("input_embeds", torch.zeros(T, W, dtype=embed_dtype, device=device))
+            if mrope:
+                reg.register("mrope_positions", torch.zeros(3, T, dtype=torch.int64, device=device), token_axis=1)
+            reg.register("seq_lens", torch.zeros(B, dtype=torch.int32, device=device), token_axis=None)
+            reg.register("extend_start_loc", torch.zeros(B, dtype=torch.int32, device=device), token_axis=None)
+            reg.register("num_tokens_non_padded", torch.zeros(1, dtype=torch.int32, device=device),
+                         token_axis=None, pad=None)
         return cls(reg, max_num_tokens=T, max_batch_size=B, errors=new_error_word(device))
 
     # slots, read through the registry

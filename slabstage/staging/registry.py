@@ -8,6 +8,8 @@ from typing import NamedTuple, Union
 
 import torch
 
+from ..checks import check_fill, check_int
+
 __all__ = ["BufferRegistry", "RegistryMismatchError", "RegistrySignature", "SlotSignature", "Slot", "PadPolicy"]
 
 PadPolicy = Union[str, int, float, None]  # "zeros", a fill value, or None (leave)
@@ -47,11 +49,13 @@ def _signature(t: torch.Tensor) -> SlotSignature:
     return SlotSignature(t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
-def _check_pad(name: str, pad: PadPolicy) -> None:
-    if pad is None or pad == "zeros":
+def _check_pad(name: str, pad: PadPolicy, dtype: torch.dtype) -> None:
+    """The pad policy is known, and a fill value is one that ``dtype`` stores as given (no silent 0 or inf)."""
+    if pad is None or (isinstance(pad, str) and pad == "zeros"):
         return
     if isinstance(pad, bool) or not isinstance(pad, numbers.Real):
         raise ValueError(f"slot {name!r}: pad must be 'zeros', a number or None, got {pad!r}")
+    check_fill(f"slot {name!r}: pad", pad, dtype)
 
 
 class BufferRegistry:
@@ -92,12 +96,13 @@ class BufferRegistry:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"slot {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
         if token_axis is not None:
+            token_axis = check_int(f"slot {name!r}: token_axis", token_axis)
             if not -tensor.dim() <= token_axis < tensor.dim():
                 raise ValueError(
                     f"slot {name!r}: token_axis {token_axis} is out of range for a {tensor.dim()}-d tensor"
                 )
             token_axis %= tensor.dim()
-        _check_pad(name, pad)
+        _check_pad(name, pad, tensor.dtype)
         return Slot(tensor, token_axis, pad)
 
     def _refuse_if_frozen(self, what: str, name: str) -> None:

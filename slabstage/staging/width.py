@@ -8,10 +8,11 @@ the attribute) raises :class:`WidthContractError` rather than falling back.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import re
 
-__all__ = ["WidthContractError", "resolve_input_embeds_width", "check_source_width"]
+__all__ = ["WidthContractError", "resolve_input_embeds_width", "check_source_width", "check_media_width"]
 
 _MISSING = object()
 
@@ -85,6 +86,37 @@ def _near_misses(model: object, attr: str) -> list[str]:
     return sorted(n for n in names if _is_near_miss(n, attr))
 
 
+def _declared(model: object, attr: str, where: str) -> object:
+    """``model.<attr>``, or ``_MISSING`` when the attribute is absent.
+
+    Absent means: not found on the instance, its class or the MRO (looked up
+    statically, without running properties), and not served by ``__getattr__``. An
+    attribute that is present but raises while computing (a property reading a
+    missing config field raises ``AttributeError``) is declared, so it raises
+    :class:`WidthContractError` naming it instead of falling back.
+    """
+    try:
+        static = inspect.getattr_static(model, attr)
+    except AttributeError:
+        static = _MISSING
+    try:
+        return getattr(model, attr)
+    except Exception as e:
+        if static is _MISSING and isinstance(e, AttributeError):
+            return _MISSING  # absent, and no __getattr__ serves it
+        cause = e
+        if isinstance(e, AttributeError) and hasattr(static, "__get__") and not isinstance(model, type):
+            # a class __getattr__ (nn.Module's) may have replaced the property's own error: get it back
+            try:
+                static.__get__(model, type(model))
+            except Exception as inner:
+                cause = inner
+        raise WidthContractError(
+            f"{where}.{attr} is declared but computing it raised {type(cause).__name__}: {cause}; "
+            f"only an absent attribute falls back to the config width"
+        ) from cause
+
+
 def _as_width(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         return None
@@ -101,9 +133,11 @@ def resolve_input_embeds_width(
 
     Raises :class:`WidthContractError` (a ``ValueError``) when ``config_hidden_size``
     is not a positive int; when the declared value is not an int (``None``, bools
-    and floats included), is <= 0, or is below ``config_hidden_size``; and when the
-    attribute is absent but a near-miss spelling of it is present (so a typo never
-    falls back silently).
+    and floats included), is <= 0, or is below ``config_hidden_size``; when the
+    attribute is present but raises while computing (a property reading a missing
+    config field: only an absent attribute falls back); and when the attribute is
+    absent but a near-miss spelling of it is present (so a typo never falls back
+    silently).
     """
     where = type(model).__name__
     base = _as_width(config_hidden_size)
@@ -111,7 +145,7 @@ def resolve_input_embeds_width(
         raise WidthContractError(
             f"{where}: config hidden size must be a positive int, got {config_hidden_size!r}"
         )
-    declared = getattr(model, attr, _MISSING)
+    declared = _declared(model, attr, where)
     if declared is _MISSING:
         misses = _near_misses(model, attr)
         if misses:
@@ -160,3 +194,24 @@ def check_source_width(name: str, source_width: int, slab_width: int, expand: st
                 f'{name} is {source_width} wide, narrower than the slab ({slab_width}); '
                 f'expand must be "zeros" or "repeat", got {expand!r}'
             )
+
+
+def check_media_width(name: str, media_width: int, slab_width: int, text_width: int, expand: str) -> None:
+    """Check the width contract for media rows ``media_width`` wide.
+
+    Media rows are as wide as the slab, or as wide as the text (the table's rows,
+    ``text_width``) with an expand policy (``"zeros"`` or ``"repeat"``, checked as
+    :func:`check_source_width` checks the table). Any other width is refused, even
+    one that an expand policy could fill: media narrower than the slab must line up
+    with the text rows column for column. Raises :class:`WidthContractError` naming
+    the source, the widths and the policy.
+    """
+    if media_width == slab_width:
+        return
+    if media_width != text_width:
+        raise WidthContractError(
+            f"{name} rows are {media_width} wide, but media must be as wide as the input_embeds slab "
+            f"({slab_width}) or as the text rows ({text_width}, with expand=\"zeros\" or \"repeat\"); "
+            f"got expand={expand!r}"
+        )
+    check_source_width(name, media_width, slab_width, expand)

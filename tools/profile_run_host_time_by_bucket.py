@@ -1,6 +1,6 @@
 """Host time of run() and its parts per token count, on the graph runner benchmark's toy model.
 
-    python tools/probe_host_by_bucket.py
+    python tools/profile_run_host_time_by_bucket.py
 """
 import statistics
 import time
@@ -38,6 +38,7 @@ for n in (16, 256, 1000, 4096):
     b = r.last_bucket
     graph, _ = r._graphs[b]
     sig = r._signature
-    print(n, b, {"run": us(lambda: r.run(batch)), "stage": us(lambda: r._stage(batch, b, sig)),
-                 "replay": us(graph.replay), "check": us(lambda: r.registry.check(sig)),
+    print(n, b, {"run": us(lambda batch=batch: r.run(batch)),
+                 "stage": us(lambda batch=batch, b=b, sig=sig: r._stage(batch, b, sig)),
+                 "replay": us(graph.replay), "check": us(lambda sig=sig: r.registry.check(sig)),
                  "fast": r._stage.fast_launches}, flush=True)

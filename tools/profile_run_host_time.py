@@ -1,6 +1,6 @@
 """Host time of PrefillGraphRunner.run, piece by piece (GPU; prints a dict of median µs per call).
 
-    python tools/prof_run.py
+    python tools/profile_run_host_time.py
 
 Same shapes as the README's host-time row: 2048-token buffers, a 4096-wide bf16
 slab, a 300-token batch with 100 media rows, a one-linear forward.

@@ -1,11 +1,12 @@
 """One-call GPU probe: correctness, sync-freedom, launch-config sweep and host time of the staging kernels.
 
-python tools/gpu_probe.py [--quick]   (writes a JSON summary to $OUT or /tmp)
+python tools/probe_staging_kernels.py [--quick]   (writes a JSON summary to $OUT or /tmp)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -16,10 +17,10 @@ import triton
 import triton.testing
 
 import slabstage as ss
-import importlib
-
-se = importlib.import_module("slabstage.kernels.stage_embeddings")
 from slabstage.kernels.reference import stage_embeddings_reference
+
+# the module, not the function of the same name that slabstage.kernels exports
+se = importlib.import_module("slabstage.kernels.stage_embeddings")
 
 
 def make_case(n, width, dev, *, text_w=None, media_w=None, dtype=torch.bfloat16, vocab=32000, block=64, seed=0):
@@ -86,7 +87,7 @@ def check_sync_free(dev):
                             pad_to=2048, errors=buf.errors)
         ok = True
         msg = ""
-    except Exception as e:  # noqa: BLE001
+    except Exception:  # noqa: BLE001
         ok, msg = False, traceback.format_exc()
     finally:
         torch.cuda.set_sync_debug_mode(0)
@@ -119,13 +120,14 @@ def sweep(dev, ceiling_tbps, quick):
         # D2D copy of the same bytes, same run
         src = torch.empty(n * W, dtype=torch.bfloat16, device=dev)
         dst = torch.empty_like(src)
-        cp_us = bench(lambda: dst.copy_(src))
+        cp_us = bench(lambda dst=dst, src=src: dst.copy_(src))
         row = dict(n=n, W=W, floor_us=floor_us, copy_us=cp_us, configs={})
         for cfg in configs:
             if cfg is not None:
                 se.row_launch_config = lambda width, eb, divides=(), max_block_bytes=8192, c=cfg: c
             try:
-                f = lambda: ss.stage_embeddings(slab, ids, table, media=media, media_index=mi)
+                def f(slab=slab, ids=ids, table=table, media=media, mi=mi):
+                    return ss.stage_embeddings(slab, ids, table, media=media, media_index=mi)
                 f()
                 us = bench(f)
             finally:
@@ -134,7 +136,7 @@ def sweep(dev, ceiling_tbps, quick):
         # peer: vLLM-current way (index_put with pinned mask, copy)
         mask_cpu = is_media.cpu().pin_memory()
 
-        def vllm():
+        def vllm(ids=ids, table=table, media=media, slab=slab, mask_cpu=mask_cpu):
             emb = torch.nn.functional.embedding(ids, table)
             emb[mask_cpu.to(dev, non_blocking=True)] = media
             slab.copy_(emb)
@@ -267,8 +269,9 @@ def runner_probe(dev):
     dev_us = _host_us(lambda: r.run(batch_dev))
     g, _ = r._graphs[r.last_bucket]
     replay_us = _host_us(g.replay)
-    res = dict(buckets=len(r.buckets), capture_s=cap, host_us_dev_inputs=dev_us, graph_replay_us=replay_us, capture_mib=r.capture_bytes / 2**20, replay_equal=same,
-               sync_ok=sync_ok, host_us_per_run=statistics.median(ts))
+    res = dict(buckets=len(r.buckets), capture_s=cap, host_us_dev_inputs=dev_us, graph_replay_us=replay_us,
+               capture_mib=r.capture_bytes / 2**20, replay_equal=same, sync_ok=sync_ok,
+               host_us_per_run=statistics.median(ts))
     print("runner:", res, flush=True)
     return res
 

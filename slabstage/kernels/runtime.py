@@ -1,8 +1,9 @@
-"""Where Triton runs, and the one helper that picks launch settings."""
+"""Where Triton runs, the one helper that picks launch settings, and exact casts."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -19,21 +20,28 @@ except ImportError:  # pragma: no cover - exercised only on platforms without tr
 # Read once, when the kernels are defined: the interpreter must be chosen before that.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-
-# The interpreter (triton 3.x) rounds fp32 -> bf16 half-up and casts bf16 -> fp16 through
-# integers; the kernels then round by hand so that CPU runs match torch bit for bit.
+# The interpreter (triton 3.x) rounds fp32 -> bf16 half-up, flushes bf16 subnormals on the way
+# to fp32 and casts bf16 -> fp16 through integers; the kernels then cast by bits so that CPU runs
+# match torch bit for bit.
 SOFT_CASTS = INTERPRET
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The interpreter keeps per-launch state in module globals: two Python threads launching at once
+# corrupt each other's launch. Every interpreter launch holds this lock.
+INTERPRETER_LOCK = threading.Lock()
 
 if HAS_TRITON:
 
     @triton.jit
     def cast_to(x, DST: tl.constexpr, SOFT: tl.constexpr):
-        """x cast to DST with torch's rounding (round to nearest even)."""
+        """x cast to DST with torch's rounding (round to nearest even), subnormals kept."""
         if x.dtype == DST:
             return x
-        y = x.to(tl.float32)  # exact for every source dtype we accept
+        if SOFT and x.dtype == tl.bfloat16:  # exact: a bf16 is the top half of an fp32
+            y = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        else:
+            y = x.to(tl.float32)  # exact for every other source dtype we accept
+        if DST == tl.float32:
+            return y
         if SOFT and DST == tl.bfloat16:
             bits = y.to(tl.uint32, bitcast=True)
             bits = bits + 0x7FFF + ((bits >> 16) & 1)

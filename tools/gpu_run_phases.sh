@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by phase: tests soak sanitize tp bench profile.
-#   bash tools/gpu_session.sh tests sanitize soak     (results under $OUT, or /tmp/slabstage-gpu)
+#   bash tools/gpu_run_phases.sh tests sanitize soak     (results under $OUT, or /tmp/slabstage-gpu)
 # Prints a short summary last; full logs go to $OUT/logs.tgz.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -45,9 +45,9 @@ for phase in "$@"; do
     bench) run bench python3 -m slabstage.bench run --results bench/results
            run report python3 -m slabstage.bench report --results bench/results ;;
     profile) run profile python3 bench/profile.py --steps 40 --torch-profiler "$LOG/trace.json" ;;
-    probe) run probe python3 tools/gpu_probe.py --quick ;;
-    prof) run prof python3 tools/prof_run.py
-          run prof_buckets python3 tools/probe_host_by_bucket.py ;;
+    probe) run probe python3 tools/probe_staging_kernels.py --quick ;;
+    prof) run prof python3 tools/profile_run_host_time.py
+          run prof_buckets python3 tools/profile_run_host_time_by_bucket.py ;;
     quick) run quick python3 -m pytest tests/test_batch_stager.py tests/test_graph_runner.py tests/test_stage_batch.py \
              tests/test_profile_ranges.py -q -p no:cacheprovider -rfEs ;;
     probe_mem) run probe_mem python3 tools/probe_capture_memory.py --json "$LOG/probe_mem.json" ;;

@@ -1,0 +1,169 @@
+"""The one place where arguments are checked.
+
+Every public entry point checks its inputs through these helpers, once, before
+anything is written. Each raises ``TypeError`` (wrong kind of value) or
+``ValueError`` (right kind, wrong value) naming the argument and what was
+expected; no ``OverflowError`` or ``AttributeError`` escapes.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "INT_DTYPES",
+    "INT32_MAX",
+    "check_choice",
+    "check_fill",
+    "check_int",
+    "check_real",
+    "check_tensor",
+    "check_no_overlap",
+    "dtype_holds",
+    "is_int",
+]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INT_DTYPES = (torch.int32, torch.int64)
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def is_int(v: object) -> bool:
+    """An integer that is not a bool (Python ints, numpy integers, ...)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def check_int(name: str, v: object, *, lo: int | None = None, hi: int | None = None) -> int:
+    """``v`` as a Python int in ``[lo, hi]`` (either end open when None).
+
+    The one rule for every count, offset and ``pad_to``: an integral value that is
+    not a bool. Values past ``hi`` (default: int64) raise ``ValueError``, so no
+    ``OverflowError`` escapes later.
+    """
+    if not is_int(v):
+        raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
+    v = int(v)
+    top = INT64_MAX if hi is None else hi
+    if (lo is not None and v < lo) or v > top:
+        if lo is not None and hi is not None:
+            want = f"in [{lo}, {hi}]"
+        elif lo is not None:
+            want = f">= {lo}" + (f" and <= {top}" if v > top else "")
+        else:
+            want = f"<= {top}"
+        raise ValueError(f"{name} must be an int {want}, got {v}")
+    return v
+
+
+def check_real(name: str, v: object, *, finite: bool = True) -> float:
+    """``v`` as a Python float; non-finite values (NaN, inf, or ints past float range) raise ``ValueError``."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {v!r} ({type(v).__name__})")
+    try:
+        f = float(v)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite number, got {v!r} (past float range)") from None
+    if finite and not math.isfinite(f):
+        raise ValueError(f"{name} must be a finite number, got {f}")
+    return f
+
+
+def check_choice(name: str, v: object, choices: tuple) -> object:
+    if not any(v == c and type(v) is type(c) for c in choices):
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {v!r}")
+    return v
+
+
+def _dtype_names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(name: str, t: object, *, dtypes=None, device=None, host_ok: bool = False, dims: int | None = None,
+                 shape: tuple | None = None, last_contiguous: bool = True) -> torch.Tensor:
+    """Check that ``t`` is a tensor with one of ``dtypes``, on ``device`` (or the host when ``host_ok``),
+    with ``dims`` axes and ``shape`` (None entries are free), contiguous along its last axis.
+
+    Raises ``TypeError`` for a non-tensor or a wrong dtype, ``ValueError`` for the rest.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} dtype must be one of {_dtype_names(dtypes)}, got {t.dtype}")
+    if device is not None and t.device != device and not (host_ok and t.device.type == "cpu"):
+        where = f"{device} or the host (CPU)" if host_ok else str(device)
+        raise ValueError(f"{name} is on {t.device}; expected {where}")
+    if dims is not None and t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
+    if shape is not None and (t.dim() != len(shape) or any(w is not None and s != w
+                                                          for s, w in zip(t.shape, shape))):
+        want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ")"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    if last_contiguous and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous along its last axis, got stride {t.stride()}")
+    return t
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) bytes of storage that ``t`` can touch."""
+    if t.numel() == 0:
+        return 0, 0
+    start = t.data_ptr()
+    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
+    return start, start + extent * t.element_size()
+
+
+def check_no_overlap(dst_name: str, dst: torch.Tensor, src_name: str, src: torch.Tensor | None) -> None:
+    """Raise ``ValueError`` when ``src`` may share memory with ``dst`` (a read would see this launch's writes)."""
+    if src is None or src.device != dst.device or src.numel() == 0 or dst.numel() == 0:
+        return
+    a0, a1 = _byte_span(dst)
+    b0, b1 = _byte_span(src)
+    if a0 < b1 and b0 < a1:
+        raise ValueError(f"{src_name} overlaps {dst_name} in memory: a staging source must not share "
+                         f"storage with the buffer it is written into")
+
+
+def dtype_holds(dtype: torch.dtype, value) -> bool:
+    """Whether ``value`` is stored in ``dtype`` exactly (integers in range, no NaN in an int slot)."""
+    if dtype.is_floating_point:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if dtype == torch.bool:
+        return value in (0, 1) and not isinstance(value, float)
+    if not is_int(value):
+        return False
+    info = torch.iinfo(dtype)
+    return info.min <= int(value) <= info.max
+
+
+def check_fill(name: str, value: object, dtype: torch.dtype) -> int | float:
+    """``value`` as a fill (pad) value that ``dtype`` stores as given, else ``ValueError`` naming ``name``.
+
+    Integer and bool dtypes take integers (or whole floats such as ``3.0``) in their
+    range: no NaN, no inf, no fraction; float
+    dtypes take any real number within their finite range (NaN and inf stay what they are;
+    a finite value that would round to inf, or an int past float range, is refused).
+    A value that is not a real number (a bool included) raises ``TypeError``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    shown = repr(value) if len(repr(value)) <= 24 else f"{repr(value)[:12]}... ({len(repr(value))} digits)"
+    if not (dtype.is_floating_point or dtype.is_complex):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # a whole float (3.0) is held exactly; NaN, inf and 2.5 are not
+        if not dtype_holds(dtype, value):
+            info = torch.iinfo(dtype) if dtype != torch.bool else None
+            want = "0 or 1" if info is None else f"an int in [{info.min}, {info.max}]"
+            raise ValueError(f"{name} {shown} cannot be stored in {dtype}: expected {want}")
+        return int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    top = torch.finfo(dtype).max
+    if abs(value) > top:  # exact for ints of any size: no OverflowError
+        raise ValueError(f"{name} {shown} cannot be stored in {dtype}: past its finite range "
+                         f"(+-{top:g}), it would become inf")
+    return value

@@ -1,0 +1,55 @@
+"""Media items from a Hugging Face VLM's vision tower, in the slab's layout."""
+
+from __future__ import annotations
+
+import torch
+
+from ._family import family_of
+
+__all__ = ["media_items"]
+
+
+def _split(rows, sizes):
+    """HF returns per-item tensors (a tuple from ``torch.split``) or, in some versions, one tensor."""
+    if isinstance(rows, torch.Tensor):
+        return list(torch.split(rows, sizes))
+    return list(rows)
+
+
+def _tower(fam, pixel_values, grid_thw, video: bool):
+    get = fam.base.get_video_features if video else fam.base.get_image_features
+    out = get(pixel_values, grid_thw, return_dict=True)
+    sizes = (grid_thw.prod(-1) // fam.vision_config.spatial_merge_size ** 2).tolist()  # host grid: no sync
+    main = _split(out.pooler_output, sizes)
+    if not fam.has_deepstack:
+        return main
+    levels = [_split(level, sizes) for level in out.deepstack_features[:fam.deepstack_levels]]
+    return [tuple([m] + [level[j] for level in levels]) for j, m in enumerate(main)]
+
+
+def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None):
+    """Run the vision tower of ``model``; return one media item per image, then one per video.
+
+    Each item holds the rows of that image's (video's) placeholder tokens, in prompt order:
+
+    - Qwen3-VL / Qwen3-VL-MoE: a tuple ``(main, ds_0, ..., ds_{k-1})`` of 2-D tensors with
+      equal rows, each ``H`` wide: column block 0 and the DeepStack levels HF applies
+      (``k`` as in :func:`input_embeds_width`); no ``torch.cat``;
+    - Qwen2-VL / Qwen2.5-VL: one ``[rows, H]`` tensor.
+
+    The items go to :class:`slabstage.PrefillBatch` (``media=``) or to :func:`pack_requests`.
+    Grids should live on the host (the row counts are read from them). Raises ``TypeError``
+    for a model without a vision tower and ``ValueError`` when pixels come without their grid.
+    """
+    fam = family_of(model, "media_items")
+    if not fam.is_vlm:
+        raise TypeError(f"slabstage.hf.media_items: {type(model).__name__} ({fam.name}) has no vision tower")
+    items = []
+    for pixels, grid, video in ((pixel_values, image_grid_thw, False), (pixel_values_videos, video_grid_thw, True)):
+        if pixels is None:
+            continue
+        if grid is None:
+            name = "video_grid_thw" if video else "image_grid_thw"
+            raise ValueError(f"slabstage.hf.media_items: pixels were given without {name}")
+        items += _tower(fam, pixels, grid, video)
+    return items

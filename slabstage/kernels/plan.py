@@ -1,0 +1,393 @@
+"""The staging ops' one validation layer, and the kernel arguments it yields.
+
+Every staging entry point (:func:`stage_embeddings`, :func:`stage_token_inputs`,
+:func:`plan_stage_batch`, the runner's :class:`BatchStager`, the custom ops)
+checks its inputs here, through :mod:`slabstage.checks`, before anything is
+written, on the Triton path and the reference path alike. The checks come in
+two halves so that the runner can keep its host-time budget:
+
+- *static*: what is fixed by a batch's configuration (the dtype, device and
+  rank of each input, widths, ``expand``, which inputs are given) and by the
+  buffers (every destination slot: dtype, device, shape);
+- *dynamic*: what can differ between batches of one configuration (lengths,
+  ``pad_to``, batch size, vocabulary bounds, ``text_scale``'s value, storage
+  overlap, the media items).
+
+The result is a dict of kernel arguments by name (see
+:mod:`slabstage.kernels.stage_kernel`) and a dict of constexprs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..checks import (FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_choice, check_int, check_no_overlap, check_real,
+                      check_tensor, dtype_holds)
+from ..staging.width import WidthContractError, check_media_width, check_source_width
+from .runtime import next_pow2, row_launch_config
+from .stage_kernel import MEDIA_ITEMS, MEDIA_NONE, MEDIA_TENSOR
+
+__all__ = ["SLOTS", "REQUEST_SLOTS", "SLOT_ARGS", "MediaPlan", "Destinations", "check_destinations",
+           "check_token_sources", "check_host_values", "check_slab", "check_media", "check_embed",
+           "check_sources_apart", "embed_args", "token_args", "pack_host_inputs", "vocab_bounds"]
+
+SLOTS = ("input_ids", "positions", "out_cache_loc", "mrope_positions", "seq_lens", "extend_start_loc")
+REQUEST_SLOTS = ("seq_lens", "extend_start_loc")
+# each integer slot's kernel arguments: source, destination, fill, pad switch, presence switch
+SLOT_ARGS = {
+    "input_ids": ("ids_ptr", "ids_dst_ptr", "ids_fill", "PAD_IDS", None),
+    "positions": ("pos_ptr", "pos_dst_ptr", "pos_fill", "PAD_POS", None),
+    "out_cache_loc": ("loc_ptr", "loc_dst_ptr", "loc_fill", "PAD_LOC", "HAS_LOC"),
+    "mrope_positions": ("mrope_ptr", "mrope_dst_ptr", "mrope_fill", "PAD_MROPE", "HAS_MROPE"),
+    "seq_lens": ("seq_ptr", "seq_dst_ptr", "seq_fill", "PAD_SEQ", "HAS_SEQ"),
+    "extend_start_loc": ("ext_ptr", "ext_dst_ptr", "ext_fill", "PAD_EXT", "HAS_EXT"),
+}
+_REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
+
+
+# -- destinations ------------------------------------------------------------------------
+class Destinations:
+    """Every integer slot the kernel may write, checked; read once per registry signature.
+
+    ``args``: destination pointers (tensors), fills, ``batch_cap``, ``stride_mrope_dst``;
+    ``pads``: slot -> whether its tail is padded; ``dtypes``: slot -> dtype.
+    """
+
+    __slots__ = ("args", "pads", "dtypes", "batch_cap", "has_mrope", "spans")
+
+    def __init__(self, args, pads, dtypes, batch_cap, has_mrope, spans):
+        self.args, self.pads, self.dtypes = args, pads, dtypes
+        self.batch_cap, self.has_mrope, self.spans = batch_cap, has_mrope, spans
+
+
+def check_destinations(buffers) -> Destinations:
+    """Check every integer slot of ``buffers`` (given or not): dtype, device, shape, pad value."""
+    reg, device, batch_cap = buffers.registry, buffers.device, buffers.max_batch_size
+    args, pads, dtypes, spans = {}, {}, {}, []
+    for name in (*SLOTS, "num_tokens_non_padded"):
+        if name not in reg:
+            if name in _REQUIRED:
+                raise ValueError(f"the buffers have no {name!r} slot")
+            continue
+        t = reg[name]
+        what = f"slot {name!r}"
+        check_tensor(what, t, dtypes=INT_DTYPES, device=device)
+        if name == "mrope_positions":
+            check_tensor(what, t, dims=2, shape=(3, None))
+            if t.shape[1] > 1 and t.stride(1) != 1:
+                raise ValueError(f"{what} must have contiguous rows, got stride {t.stride()}")
+        else:
+            check_tensor(what, t, dims=1)
+            need = batch_cap if name in REQUEST_SLOTS else (1 if name == "num_tokens_non_padded" else 0)
+            if t.shape[0] < need:
+                raise ValueError(f"{what} holds {t.shape[0]} entries, needs at least {need}")
+        fill = reg.slot(name).fill_value
+        if fill is not None and not dtype_holds(t.dtype, fill):
+            raise ValueError(f"{what}: pad value {fill!r} does not fit its dtype {t.dtype}")
+        dtypes[name] = t.dtype
+        spans.append((name, t))
+        if name == "num_tokens_non_padded":
+            args["ntok_dst_ptr"] = t
+            continue
+        src, dst, fill_arg, _, _ = SLOT_ARGS[name]
+        args[dst] = t
+        args[fill_arg] = int(fill or 0)
+        pads[name] = fill is not None
+    args["batch_cap"] = batch_cap
+    args["stride_mrope_dst"] = reg["mrope_positions"].stride(0) if "mrope_positions" in reg else 0
+    return Destinations(args, pads, dtypes, batch_cap, "mrope_positions" in reg, spans)
+
+
+# -- integer sources ---------------------------------------------------------------------
+def check_token_sources(device, *, input_ids, positions, out_cache_loc=None, mrope_positions=None, seq_lens=None,
+                        extend_start_loc=None, batch_cap: int | None = None) -> tuple[dict, int, int]:
+    """Check the integer inputs (on ``device`` or the host; ``device=None``: anywhere) and return
+    ``(given slots, n, b)``."""
+    host_ok = device is not None
+    ids = check_tensor("input_ids", input_ids, dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
+    n = ids.shape[0]
+    given = {"input_ids": ids}
+    for name, t in (("positions", positions), ("out_cache_loc", out_cache_loc)):
+        if t is not None or name == "positions":
+            given[name] = check_tensor(name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok, shape=(n,))
+    if mrope_positions is not None:
+        t = mrope_positions
+        if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[0] == 3 and t.shape[1] == 1:
+            raise ValueError(f"mrope_positions must be [3, n] for one packed batch, got {tuple(t.shape)} (the "
+                             f"[3, batch, n] form of Hugging Face's get_rope_index): take [:, 0] of each request "
+                             f"or use slabstage.hf.mrope_positions")
+        given["mrope_positions"] = check_tensor("mrope_positions", t, dtypes=INT_DTYPES, device=device,
+                                                host_ok=host_ok, shape=(3, n))
+    b = 0
+    for name, t in (("seq_lens", seq_lens), ("extend_start_loc", extend_start_loc)):
+        if t is not None:
+            check_tensor(name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
+            if "seq_lens" in given and t.shape[0] != b:
+                raise ValueError(f"extend_start_loc has {t.shape[0]} entries but seq_lens has {b}: one per request")
+            b = t.shape[0]
+            given[name] = t
+    if batch_cap is not None and b > batch_cap:
+        raise ValueError(f"{b} requests exceed max_batch_size={batch_cap}")
+    return given, n, b
+
+
+def check_host_values(given: dict, dtypes: dict) -> None:
+    """Host inputs whose values their slot's dtype cannot hold are refused (device ones are flagged
+    on the device): a narrowing copy is never silent."""
+    for name, t in given.items():
+        dst = dtypes.get(name)
+        if t.device.type != "cpu" or dst is None or t.numel() == 0 or torch.iinfo(dst).bits >= torch.iinfo(
+                t.dtype).bits:
+            continue
+        info = torch.iinfo(dst)
+        lo, hi = int(t.min()), int(t.max())
+        if lo < info.min or hi > info.max:
+            raise ValueError(f"{name} holds {lo if lo < info.min else hi}, which its {dst} slot cannot hold")
+
+
+# -- slab, table, media ------------------------------------------------------------------
+def check_slab(slab) -> torch.Tensor:
+    check_tensor("slab", slab, dtypes=FLOAT_DTYPES, dims=2)
+    rows, width = slab.shape
+    if slab.stride() != (width, 1):
+        raise ValueError(f"slab rows must be contiguous with stride ({width}, 1), got {slab.stride()}")
+    return slab
+
+
+def vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, int]:
+    """``(vocab_start, vocab_end, vocab_size)`` checked against a table of ``table_rows`` rows."""
+    if vocab_range is None:
+        vocab_start, vocab_end = 0, table_rows
+    else:
+        if not isinstance(vocab_range, (tuple, list)) or len(vocab_range) != 2:
+            raise TypeError(f"vocab_range must be a (start, end) pair of ints, got {vocab_range!r}")
+        vocab_start = check_int("vocab_range start", vocab_range[0], lo=0, hi=INT32_MAX)
+        vocab_end = check_int("vocab_range end", vocab_range[1], lo=vocab_start, hi=INT32_MAX)
+        if vocab_end - vocab_start > table_rows:
+            raise ValueError(f"vocab_range {tuple(vocab_range)!r} spans {vocab_end - vocab_start} ids but the "
+                             f"table has {table_rows} rows")
+    if table_rows > INT32_MAX:
+        raise ValueError(f"the table has {table_rows} rows; at most {INT32_MAX} are supported")
+    vocab_size = vocab_end if vocab_size is None else check_int("vocab_size", vocab_size, lo=vocab_end,
+                                                                  hi=INT32_MAX)
+    return vocab_start, vocab_end, vocab_size
+
+
+class MediaPlan:
+    """Media checked and laid out for the kernel: one tensor, or items and their table."""
+
+    __slots__ = ("mode", "tensor", "rows", "width", "dtype", "items", "table", "blocks", "vec")
+
+    def __init__(self, mode, tensor, rows, width, dtype, items=(), table=(), blocks=1, vec=1):
+        self.mode, self.tensor, self.rows, self.width, self.dtype = mode, tensor, rows, width, dtype
+        self.items, self.table, self.blocks, self.vec = items, table, blocks, vec
+
+    @property
+    def num_items(self) -> int:
+        return len(self.items)
+
+    @property
+    def sources(self) -> tuple:
+        """Every tensor the media is read from."""
+        return (self.tensor,) if not self.items else tuple(t for blocks in self.items for t in blocks)
+
+
+def _item_device_ok(t: torch.Tensor, device) -> bool:
+    if t.device == device:
+        return True
+    return device.type == "cuda" and t.device.type == "cpu" and t.is_pinned()
+
+
+_ANCHORS: dict = {}
+
+
+def _dtype_anchor(device, dtype) -> torch.Tensor:
+    """A one-element tensor on ``device`` that tells the kernel the items' dtype (it reads nothing from it)."""
+    t = _ANCHORS.get((device, dtype))
+    if t is None:
+        with torch.inference_mode(False):
+            t = _ANCHORS[(device, dtype)] = torch.zeros(8, dtype=dtype, device=device)
+    return t
+
+
+def check_media(media, device, slab_width: int, text_width: int, expand: str) -> MediaPlan | None:
+    """Check ``media`` (None, one 2-D tensor, or a sequence of items) against the width contract."""
+    if media is None:
+        return None
+    if isinstance(media, torch.Tensor):
+        check_tensor("media", media, dtypes=FLOAT_DTYPES, device=device, dims=2)
+        check_media_width("media", media.shape[1], slab_width, text_width, expand)
+        return MediaPlan(MEDIA_TENSOR, media, media.shape[0], media.shape[1], media.dtype)
+    if not isinstance(media, (list, tuple)):
+        raise TypeError(f"media must be a 2-D tensor or a list of items (tensors or tuples of column blocks), "
+                        f"got {type(media).__name__}")
+    table_starts, fields = [], []
+    rows = width = dtype = None
+    blocks_max, aligned = 1, True
+    items = []
+    for i, item in enumerate(media):
+        blocks = item if isinstance(item, tuple) else (item,)
+        if not blocks:
+            raise ValueError(f"media item {i} is an empty tuple: give at least one column block")
+        item_rows, cols = None, 0
+        for j, t in enumerate(blocks):
+            name = f"media item {i}" if len(blocks) == 1 and not isinstance(item, tuple) else f"media item {i} block {j}"
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if dtype is None:
+                dtype = t.dtype
+                check_tensor(name, t, dtypes=FLOAT_DTYPES)
+            elif t.dtype != dtype:
+                raise TypeError(f"{name} is {t.dtype} but media item 0 is {dtype}: items share one dtype")
+            if not _item_device_ok(t, device):
+                if t.device.type == "cpu" and device.type == "cuda":
+                    raise ValueError(f"{name} is in pageable host memory: the kernel reads host items through "
+                                     f"their device-mapped address, so pin it (tensor.pin_memory())")
+                raise ValueError(f"{name} is on {t.device}; expected {device}")
+            check_tensor(name, t, dims=2)
+            if item_rows is None:
+                item_rows = t.shape[0]
+            elif t.shape[0] != item_rows:
+                raise ValueError(f"{name} has {t.shape[0]} rows but block 0 of media item {i} has {item_rows}: "
+                                 f"the column blocks of an item share their rows")
+            if j == 0 and len(blocks) > 1 and slab_width > text_width and t.shape[1] != text_width:
+                raise WidthContractError(
+                    f"{name} is {t.shape[1]} wide: block 0 holds the embeddings, so it must be the text width "
+                    f"{text_width} when the slab ({slab_width}) is wider")
+            cols += t.shape[1]
+        if width is None:
+            width = cols
+            check_media_width(f"media item {i}", width, slab_width, text_width, expand)
+        elif cols != width:
+            raise WidthContractError(f"media item {i} is {cols} wide but media item 0 is {width}: items share one "
+                                     f"row width (the column blocks of an item add up to it)")
+        items.append((blocks, item_rows))
+        blocks_max = max(blocks_max, len(blocks))
+    if not items:
+        raise ValueError("media is an empty list: pass None when the batch has no media")
+    blocks_max = next_pow2(blocks_max)
+    elem = torch.empty((), dtype=dtype).element_size()
+    vec = 16 // elem
+    at = 0
+    for blocks, item_rows in items:
+        table_starts.append(at)
+        at += item_rows
+        c = 0
+        for t in blocks:
+            ptr, stride, w = t.data_ptr(), t.stride(0), t.shape[1]
+            if item_rows and (ptr & 15 or (item_rows > 1 and stride % vec) or c % vec):
+                aligned = False
+            fields += (ptr, stride, c, c + w)
+            c += w
+        fields += (0, 0, width, width) * (blocks_max - len(blocks))  # empty column ranges
+    return MediaPlan(MEDIA_ITEMS, _dtype_anchor(device, dtype), at, width, dtype, items=tuple(blocks for blocks, _ in items),
+                     table=(*table_starts, *fields), blocks=blocks_max, vec=vec if aligned else 1)
+
+
+def check_embed(slab, table, n: int, *, media=None, media_index=None, pad_to=None, expand="zeros", text_scale=None,
+                vocab_range=None, vocab_size=None, media_owner=True, index_host_ok=False):
+    """Check the embedding half; return ``(pad_to, media plan, (vocab_start, vocab_end, vocab_size), scale)``."""
+    rows, width = slab.shape
+    device = slab.device
+    check_tensor("table", table, dtypes=FLOAT_DTYPES, device=device, dims=2)
+    check_choice("expand", expand, ("zeros", "repeat"))
+    if table.shape[1] != width:
+        check_source_width("table", table.shape[1], width, expand)
+    plan = check_media(media, device, width, table.shape[1], expand)
+    if media_index is not None:
+        check_tensor("media_index", media_index, dtypes=INT_DTYPES, device=device, host_ok=index_host_ok,
+                     shape=(n,))
+    elif plan is not None:
+        raise ValueError("media was given without media_index: say which rows are media rows")
+    if not isinstance(media_owner, bool):
+        raise TypeError(f"media_owner must be a bool, got {media_owner!r}")
+    pad_to = n if pad_to is None else check_int("pad_to", pad_to, lo=n, hi=rows)
+    if n > rows:
+        raise ValueError(f"{n} tokens exceed the slab's {rows} rows")
+    scale = None if text_scale is None else check_real("text_scale", text_scale)
+    bounds = vocab_bounds(vocab_range, vocab_size, table.shape[0])
+    for name, src in (("table", table), *((f"media source {k}", t) for k, t in
+                                         enumerate(plan.sources if plan is not None else ()))):
+        check_no_overlap("the slab", slab, name, src)
+    return pad_to, plan, bounds, scale
+
+
+def embed_args(slab, table, plan: MediaPlan | None, bounds, scale, *, expand, media_owner, has_index: bool):
+    """``(args, constexprs, cols, num_warps)`` of the embedding half (``ids_ptr``, ``media_index_ptr`` and
+    ``items_ptr`` are the caller's: they may travel in the packed host copy)."""
+    width, text_width = slab.shape[1], table.shape[1]
+    media_width = plan.width if plan is not None else width
+    text_tiled = expand == "repeat" and text_width < width
+    media_tiled = plan is not None and expand == "repeat" and media_width < width
+    tiled = (text_width,) * text_tiled + (media_width,) * media_tiled
+    block, num_warps = row_launch_config(width, slab.element_size(), divides=tiled)
+    cols = (width + block - 1) // block
+    mode = MEDIA_NONE if plan is None or not has_index else plan.mode
+    args = dict(slab_ptr=slab, table_ptr=table, vocab_start=bounds[0], vocab_end=bounds[1], vocab_size=bounds[2],
+                text_scale=1.0 if scale is None else scale, stride_slab=width, stride_table=table.stride(0))
+    if plan is not None:
+        args.update(media_ptr=plan.tensor, num_media=plan.rows, num_items=plan.num_items,
+                    stride_media=plan.tensor.stride(0) if plan.mode == MEDIA_TENSOR else 0)
+    constexprs = dict(WIDTH=width, TEXT_WIDTH=text_width, MEDIA_WIDTH=media_width, BLOCK=block, COL_BLOCKS=cols,
+                      TEXT_TILED=text_tiled, MEDIA_TILED=media_tiled, MEDIA_MODE=mode,
+                      ITEM_BLOCKS=plan.blocks if plan is not None else 1,
+                      ITEM_VEC=plan.vec if plan is not None and block % max(plan.vec, 1) == 0 else 1,
+                      MEDIA_OWNER=media_owner and plan is not None, HAS_SCALE=scale is not None)
+    return args, constexprs, cols, num_warps
+
+
+def token_args(dst: Destinations, given: dict, b: int, stride_mrope: int):
+    """``(args, constexprs)`` of the integer half for sources ``given`` (tensors, on the device)."""
+    args = dict(dst.args)
+    constexprs = {}
+    for name, (src, _, _, pad, has) in SLOT_ARGS.items():
+        on = name in given
+        if on:
+            args[src] = given[name]
+        if has is not None:
+            constexprs[has] = on
+        constexprs[pad] = on and dst.pads.get(name, False)
+    args["b"] = b
+    args["stride_mrope"] = stride_mrope
+    constexprs["REQ_BLOCK"] = next_pow2(dst.batch_cap)
+    return args, constexprs
+
+
+def check_sources_apart(dst: Destinations, given: dict, slab=None) -> None:
+    """A source sharing storage with a destination would read this launch's own writes."""
+    for name, t in given.items():
+        for slot, d in dst.spans:
+            if not (slot == name and t.data_ptr() == d.data_ptr()):  # a slot staged from itself is harmless
+                check_no_overlap(f"slot {slot!r}", d, name, t)
+        if slab is not None:
+            check_no_overlap("the slab", slab, name, t)
+
+
+# -- host inputs -------------------------------------------------------------------------
+def pack_host_inputs(device: torch.device, parts: dict, scratch=None) -> dict:
+    """Every host tensor (and int sequence) of ``parts`` on ``device`` through one pinned buffer and one
+    non-blocking copy. Each part is int64 and starts 16-byte aligned; device tensors pass through."""
+    host = [k for k, v in parts.items() if not isinstance(v, torch.Tensor) or v.device != device]
+    if not host:
+        return parts
+    sizes = [len(parts[k]) if not isinstance(parts[k], torch.Tensor) else parts[k].numel() for k in host]
+    spans = [s + (s & 1) for s in sizes]  # keep every part 16-byte aligned
+    pinned = torch.empty(sum(spans), dtype=torch.int64, pin_memory=device.type == "cuda")
+    at = 0
+    for k, size, span in zip(host, sizes, spans):
+        v = parts[k]
+        if isinstance(v, torch.Tensor):
+            pinned[at:at + size].copy_(v.reshape(-1))
+        else:
+            pinned[at:at + size] = torch.tensor(v, dtype=torch.int64)
+        at += span
+    dev = scratch(sum(spans)) if scratch is not None else torch.empty(sum(spans), dtype=torch.int64, device=device)
+    dev.copy_(pinned, non_blocking=True)
+    out = dict(parts)
+    at = 0
+    for k, size, span in zip(host, sizes, spans):
+        v = parts[k]
+        out[k] = dev[at:at + size].view(v.shape) if isinstance(v, torch.Tensor) else dev[at:at + size]
+        at += span
+    return out
+
