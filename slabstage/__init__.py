@@ -5,8 +5,6 @@ See README.md for the contract, the kernels and the graph runner.
 
 __version__ = "0.1.0"
 
-# media may be given as items (tensors or tuples of column blocks), read in place by the staging kernel
-MEDIA_ITEMS = True
 
 from .kernels import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, StagingError, media_index_from_mask,
                       media_index_from_spans, new_error_word, raise_if_errors, reset_errors, stage_embeddings,
@@ -16,6 +14,9 @@ from .distributed import SlabAllReduce, all_reduce_in_forward, vocab_parallel_ar
 from .graph_runner import CaptureError, PrefillBatch, PrefillGraphRunner, default_token_buckets
 from .staging import (BufferRegistry, RegistryMismatchError, StagingBuffers, WidthContractError,
                       resolve_input_embeds_width)
+
+# media may be given as items (tensors or tuples of column blocks), read in place by the staging kernel
+MEDIA_ITEMS = True
 
 __all__ = [
     "BAD_MEDIA_INDEX",

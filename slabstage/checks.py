@@ -15,6 +15,7 @@ import torch
 
 __all__ = [
     "FLOAT_DTYPES",
+    "NotAnIntError",
     "INT_DTYPES",
     "INT32_MAX",
     "check_choice",
@@ -33,6 +34,10 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 
+class NotAnIntError(TypeError, ValueError):
+    """An int was expected: a wrong kind of value (TypeError) for an argument with a range (ValueError)."""
+
+
 def is_int(v: object) -> bool:
     """An integer that is not a bool (Python ints, numpy integers, ...)."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
@@ -46,7 +51,7 @@ def check_int(name: str, v: object, *, lo: int | None = None, hi: int | None = N
     ``OverflowError`` escapes later.
     """
     if not is_int(v):
-        raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
+        raise NotAnIntError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
     v = int(v)
     top = INT64_MAX if hi is None else hi
     if (lo is not None and v < lo) or v > top:

@@ -15,7 +15,7 @@ import torch
 
 from .checks import check_tensor
 from .kernels.errors import default_error_word
-from .kernels.plan import check_embed
+from .kernels.plan import vocab_bounds
 from .kernels.stage_embeddings import stage_embeddings
 from .kernels.stage_token_inputs import stage_token_inputs
 from .staging.buffers import StagingBuffers
@@ -93,9 +93,7 @@ def stage_embeddings_op(slab, input_ids, table, *, media=None, media_index=None,
     if media is not None and not isinstance(media, torch.Tensor):
         raise TypeError("stage_embeddings_op takes media as one 2-D tensor (the custom op's schema); "
                         "stage media items with slabstage.stage_embeddings")
-    _, _, (start, end, size), _ = check_embed(
-        slab, table, input_ids.shape[0], media=media, media_index=media_index, pad_to=pad_to, expand=expand,
-        text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)
+    start, end, size = vocab_bounds(vocab_range, vocab_size, table.shape[0])  # the op checks the rest
     torch.ops.slabstage.stage_embeddings(
         slab, input_ids, table, media, media_index,
         errors if errors is not None else default_error_word(slab.device),

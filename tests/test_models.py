@@ -55,7 +55,7 @@ def test_constructor_rejects_bad_arguments():
 
 def test_weights_come_from_the_seed():
     a, b, c = toy("hc", seed=5), toy("hc", seed=5), toy("hc", seed=6)
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, pa), pb, _pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
         assert torch.equal(pa, pb), name
         assert not pa.requires_grad
     assert not torch.equal(a.embed_tokens.weight, c.embed_tokens.weight)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, StagingError, WidthContractError, new_error_word,
                        raise_if_errors, reset_errors, stage_embeddings)
 from slabstage.kernels import default_error_word
+from slabstage.kernels.plan import check_media
 from slabstage.kernels.reference import stage_embeddings_reference
 
 NO_ROW = 2**31 - 1
@@ -93,10 +94,11 @@ def run_reference(slab, ids, table, *, media=None, media_index=None, pad_to=None
     out = slab.clone()
     errors = new_error_word(slab.device)
     start, end = vocab_range if vocab_range is not None else (0, table.shape[0])
+    plan = check_media(media, slab.device, slab.shape[1], table.shape[1], expand) if media_index is not None else None
     stage_embeddings_reference(
-        out, ids, table, media if media_index is not None else None, media_index,
+        out, ids, table, plan, media_index,
         pad_to=ids.shape[0] if pad_to is None else pad_to, expand=expand, text_scale=text_scale,
-        vocab_start=start, vocab_end=end, vocab_size=end if vocab_size is None else vocab_size,
+        bounds=(start, end, end if vocab_size is None else vocab_size),
         media_owner=media_owner, errors=errors)
     return out, errors
 
@@ -197,9 +199,10 @@ WIDTH_CASES = [  # (slab width W, table width, media width, expand)
     pytest.param(3 * 40, 40, 3 * 40, "zeros", id="deepstack-3x40"),
     pytest.param(3 * 333, 333, 3 * 333, "zeros", id="deepstack-3x333"),
     pytest.param(96, 32, 96, "repeat", id="repeat-text-only"),
-    pytest.param(96, 96, 48, "repeat", id="repeat-media-only"),
-    pytest.param(3 * 32, 32, 48, "repeat", id="repeat-two-widths"),
-    pytest.param(100, 37, 64, "zeros", id="zeros-both-narrow"),
+    pytest.param(96, 48, 48, "repeat", id="repeat-both-narrow"),
+    pytest.param(96, 48, 96, "repeat", id="repeat-text-only-48"),
+    pytest.param(100, 37, 37, "zeros", id="zeros-both-narrow"),
+    pytest.param(100, 37, 100, "zeros", id="zeros-text-only"),
     pytest.param(4097, 1000, 4097, "zeros", id="zeros-4097"),
     pytest.param(15, 5, 15, "repeat", id="repeat-odd-5"),
     pytest.param(7, 1, 1, "repeat", id="repeat-1"),
@@ -217,6 +220,28 @@ def test_widths(W, Ht, Hm, expand, slab_dtype, device):
     ids = randint(g, 0, V, n, device=device)
     stage_and_check(poisoned(n + 3, W, slab_dtype, device), ids, table, media=media,
                     media_index=interleaved(n, M, device), pad_to=n + 2, expand=expand)
+
+
+REFUSED_WIDTH_CASES = [  # media neither as wide as the slab nor as the text: refused (width contract)
+    pytest.param(96, 96, 48, "repeat", id="repeat-media-only"),
+    pytest.param(3 * 32, 32, 48, "repeat", id="repeat-two-widths"),
+    pytest.param(100, 37, 64, "zeros", id="zeros-both-narrow"),
+]
+
+
+@pytest.mark.parametrize("W, Ht, Hm, expand", REFUSED_WIDTH_CASES)
+def test_media_width_neither_slab_nor_text_is_refused(W, Ht, Hm, expand, device):
+    g = torch.Generator().manual_seed(W + Ht + Hm)
+    n, V, M = 9, 23, 5
+    table = randn(g, V, Ht, device=device)
+    media = randn(g, M, Hm, dtype=torch.bfloat16, device=device)
+    slab = poisoned(n + 3, W, torch.float32, device)
+    errors = new_error_word(device)
+    with pytest.raises(WidthContractError, match=rf"media rows are {Hm} wide, but media must be as wide as the "
+                                                 rf"input_embeds slab \({W}\) or as the text rows \({Ht}"):
+        stage_embeddings(slab, randint(g, 0, V, n, device=device), table, media=media,
+                         media_index=interleaved(n, M, device), pad_to=n + 2, expand=expand, errors=errors)
+    assert (slab == POISON).all() and errors.tolist() == CLEAN
 
 
 # -- batch sizes, padding, media layouts -----------------------------------------------------------
@@ -394,7 +419,7 @@ def test_vocab_size_larger_than_table(device):
 def test_media_owner_false(expand, Hm, device):
     g = torch.Generator().manual_seed(17)
     n, V, M, W = 15, 20, 7, 32
-    table = randn(g, V, W, device=device)
+    table = randn(g, V, Hm, device=device)  # narrow media must be as wide as the text
     media = randn(g, M, Hm, device=device)
     ids = randint(g, 0, V, n, device=device)
     index = interleaved(n, M, device)
@@ -404,7 +429,9 @@ def test_media_owner_false(expand, Hm, device):
     assert errors.tolist() == CLEAN
     is_media = (index >= 0).cpu()
     assert is_media.any() and (slab[:n].cpu()[is_media] == 0).all()
-    assert torch.equal(slab[:n].cpu()[~is_media], table.cpu()[ids.cpu()[~is_media]].to(torch.bfloat16))
+    text = table.cpu()[ids.cpu()[~is_media]].to(torch.bfloat16)
+    text = text.repeat(1, W // Hm) if expand == "repeat" else F.pad(text, (0, W - Hm))
+    assert torch.equal(slab[:n].cpu()[~is_media], text)
 
 
 def test_media_owner_false_still_flags_bad_index(device):
@@ -561,8 +588,9 @@ def test_default_error_word(device):
 # -- no out-of-bounds reads ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("slab_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("expand, Ht, Hm, W", [("zeros", 64, 64, 64), ("zeros", 24, 40, 64),
-                                               ("repeat", 16, 32, 64), ("zeros", 1000, 1000, 1000)])
+@pytest.mark.parametrize("expand, Ht, Hm, W", [("zeros", 64, 64, 64), ("zeros", 24, 24, 64), ("zeros", 40, 64, 64),
+                                               ("repeat", 16, 16, 64), ("repeat", 16, 64, 64),
+                                               ("zeros", 1000, 1000, 1000)])
 def test_no_out_of_bounds_read(slab_dtype, expand, Ht, Hm, W, device):
     """Sentinel rows before and after the sources and sentinel columns past their widths."""
     g = torch.Generator().manual_seed(27)
@@ -652,8 +680,8 @@ def _other(device):
 
 
 INVALID = [  # (name, change to the valid arguments, exception type, words in the message)
-    ("slab int", lambda a, d: a.update(slab=torch.zeros(12, 32, dtype=torch.int32, device=d)), ValueError, "slab"),
-    ("slab fp64", lambda a, d: a.update(slab=torch.zeros(12, 32, dtype=torch.float64, device=d)), ValueError,
+    ("slab int", lambda a, d: a.update(slab=torch.zeros(12, 32, dtype=torch.int32, device=d)), TypeError, "slab"),
+    ("slab fp64", lambda a, d: a.update(slab=torch.zeros(12, 32, dtype=torch.float64, device=d)), TypeError,
      "slab"),
     ("slab 1-D", lambda a, d: a.update(slab=torch.zeros(12 * 32, device=d)), ValueError, "slab"),
     ("slab 3-D", lambda a, d: a.update(slab=torch.zeros(2, 12, 32, device=d)), ValueError, "slab"),
@@ -706,7 +734,7 @@ INVALID = [  # (name, change to the valid arguments, exception type, words in th
     ("text_scale str", lambda a, d: a.update(text_scale="2"), TypeError, "text_scale"),
     ("text_scale bool", lambda a, d: a.update(text_scale=True), TypeError, "text_scale"),
     ("text_scale tensor", lambda a, d: a.update(text_scale=torch.tensor(2.0)), TypeError, "text_scale"),
-    ("vocab_range one", lambda a, d: a.update(vocab_range=(5,)), ValueError, "vocab_range"),
+    ("vocab_range one", lambda a, d: a.update(vocab_range=(5,)), TypeError, "vocab_range"),
     ("vocab_range reversed", lambda a, d: a.update(vocab_range=(10, 5)), ValueError, "vocab_range"),
     ("vocab_range negative", lambda a, d: a.update(vocab_range=(-1, 5)), ValueError, "vocab_range"),
     ("vocab_range past table", lambda a, d: a.update(vocab_range=(0, 17)), ValueError, "vocab_range"),
@@ -762,11 +790,11 @@ def staging_cases(draw):
     if expand == "repeat":
         Ht = draw(st.sampled_from([3, 8, 12, 16, 24]))
         W = Ht * draw(st.integers(1, 4))
-        Hm = draw(st.sampled_from([w for w in (Ht, W, 2 * Ht, 3, 6) if W % w == 0]))
+        Hm = draw(st.sampled_from([Ht, W]))  # media is as wide as the slab or as the text (width contract)
     else:
         W = draw(st.integers(1, 80))
         Ht = draw(st.integers(1, W))
-        Hm = draw(st.integers(1, W))
+        Hm = draw(st.sampled_from([Ht, W]))
     n = draw(st.integers(0, 20))
     pad_to = n + draw(st.integers(0, 3))
     rows = pad_to + draw(st.integers(0, 3))
@@ -814,7 +842,7 @@ def test_property_matches_reference(case, device):
 
 
 def test_triton_kernel_runs_not_the_reference(device, monkeypatch):
-    from slabstage.kernels._triton import INTERPRET
+    from slabstage.kernels.runtime import INTERPRET
 
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("CPU tensors run the reference unless TRITON_INTERPRET=1 (the GPU machine's CPU case)")

@@ -442,7 +442,7 @@ def test_mrope_given_without_mrope_slot(device):
 
 
 def test_triton_kernel_runs_not_the_reference(device, monkeypatch):
-    from slabstage.kernels._triton import INTERPRET
+    from slabstage.kernels.runtime import INTERPRET
 
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("CPU tensors run the reference unless TRITON_INTERPRET=1 (the GPU machine's CPU case)")

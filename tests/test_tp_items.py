@@ -192,10 +192,10 @@ def _runner_case(rank, world, variant, dname, placement):
     g = torch.Generator().manual_seed(7)
     runs = []
     for n in RUNNER_SIZES:
-        cat, items = runner_batches(model, n, g)
-        tp_batch = replace(items, table=local, **vocab)
         ok, failure = True, None
-        try:  # the staging alone first, so that no rank enters the runner's collective alone
+        try:  # the batch and its staging alone first, so that no rank enters the runner's collective alone
+            cat, items = runner_batches(model, n, g)
+            tp_batch = replace(items, table=local, **vocab)
             scratch = torch.empty_like(buffers.input_embeds)
             stage_embeddings(scratch, tp_batch.input_ids, tp_batch.table, media=tp_batch.media,
                              media_index=tp_batch.media_index, expand=tp_batch.expand, errors=new_error_word("cpu"),

@@ -57,6 +57,8 @@ class PrefillBatch:
             check_tensor("media_index", self.media_index, shape=(n,))
         if (self.seq_lens is None) != (self.extend_start_loc is None):
             raise ValueError("PrefillBatch: give seq_lens and extend_start_loc together, or neither")
+        if isinstance(self.media, torch.Tensor):
+            check_tensor("media", self.media, dtypes=FLOAT_DTYPES, dims=2)
         if self.media is not None and self.media_index is None:
             raise ValueError("PrefillBatch.media was given without media_index")
         check_choice("expand", self.expand, ("zeros", "repeat"))

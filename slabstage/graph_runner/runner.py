@@ -234,7 +234,8 @@ class PrefillGraphRunner:
         self._bucket_table()
         self._signature = self.registry.signature()
         self.registry.freeze()
-        (log.info if self.is_rank0 else log.debug)("slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s, %.1f MiB of GPU memory",
+        (log.info if self.is_rank0 else log.debug)(
+            "slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s, %.1f MiB of GPU memory",
                  len(graphs), self.buckets[0], self.buckets[-1], self.capture_seconds, self.capture_bytes / 2**20)
         return self
 

@@ -101,8 +101,9 @@ class FastLaunch:
         self.runtime = tuple(name for name, const, _, _ in params if not const)
         self.constexprs = tuple(name for name, const, _, _ in params if const)
         self.ptrs = tuple(k for k in self.runtime if k.endswith("_ptr"))
-        self.specialised = tuple(name for name, const, dns, _ in params
-                                 if not const and not dns and not name.endswith("_ptr"))
+        # Triton specialises integers (== 1, divisible by 16, 64-bit); a float default marks a float argument
+        self.specialised = tuple(name for name, const, dns, default in params
+                                 if not const and not dns and not name.endswith("_ptr") and type(default) is not float)
         self.defaults = {name: default for name, _, _, default in params if default is not _NO_DEFAULT}
         self.cache: dict = {}
         self.enabled = HAS_TRITON and not INTERPRET
@@ -150,7 +151,7 @@ class FastLaunch:
         """The compiled kernel as a :class:`Variant`, or None when its launcher convention is unknown."""
         try:
             signature = kernel.src.signature
-            kernel.run  # loads the module and builds the launcher
+            _ = kernel.run  # loads the module and builds the launcher
             if kernel.function is None:
                 return None
         except Exception:  # noqa: BLE001 - any surprise: stay on the ordinary path

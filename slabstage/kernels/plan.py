@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import (FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_choice, check_int, check_no_overlap, check_real,
-                      check_tensor, dtype_holds)
+                      check_fill, check_tensor)
 from ..staging.width import WidthContractError, check_media_width, check_source_width
 from .runtime import next_pow2, row_launch_config
 from .stage_kernel import MEDIA_ITEMS, MEDIA_NONE, MEDIA_TENSOR
@@ -82,8 +82,8 @@ def check_destinations(buffers) -> Destinations:
             if t.shape[0] < need:
                 raise ValueError(f"{what} holds {t.shape[0]} entries, needs at least {need}")
         fill = reg.slot(name).fill_value
-        if fill is not None and not dtype_holds(t.dtype, fill):
-            raise ValueError(f"{what}: pad value {fill!r} does not fit its dtype {t.dtype}")
+        if fill is not None:
+            fill = check_fill(f"{what} pad", fill, t.dtype)
         dtypes[name] = t.dtype
         spans.append((name, t))
         if name == "num_tokens_non_padded":
@@ -186,6 +186,13 @@ class MediaPlan:
     def num_items(self) -> int:
         return len(self.items)
 
+    def named_sources(self) -> list:
+        """``(name, tensor)`` of every tensor the media is read from, named as the errors name them."""
+        if not self.items:
+            return [("media", self.tensor)]
+        return [(f"media item {i}" + (f" block {j}" if len(blocks) > 1 else ""), t)
+                for i, blocks in enumerate(self.items) for j, t in enumerate(blocks)]
+
     @property
     def sources(self) -> tuple:
         """Every tensor the media is read from."""
@@ -222,7 +229,7 @@ def check_media(media, device, slab_width: int, text_width: int, expand: str) ->
         raise TypeError(f"media must be a 2-D tensor or a list of items (tensors or tuples of column blocks), "
                         f"got {type(media).__name__}")
     table_starts, fields = [], []
-    rows = width = dtype = None
+    width = dtype = None
     blocks_max, aligned = 1, True
     items = []
     for i, item in enumerate(media):
@@ -231,7 +238,7 @@ def check_media(media, device, slab_width: int, text_width: int, expand: str) ->
             raise ValueError(f"media item {i} is an empty tuple: give at least one column block")
         item_rows, cols = None, 0
         for j, t in enumerate(blocks):
-            name = f"media item {i}" if len(blocks) == 1 and not isinstance(item, tuple) else f"media item {i} block {j}"
+            name = f"media item {i}" + (f" block {j}" if isinstance(item, tuple) else "")
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if dtype is None:
@@ -280,7 +287,8 @@ def check_media(media, device, slab_width: int, text_width: int, expand: str) ->
             fields += (ptr, stride, c, c + w)
             c += w
         fields += (0, 0, width, width) * (blocks_max - len(blocks))  # empty column ranges
-    return MediaPlan(MEDIA_ITEMS, _dtype_anchor(device, dtype), at, width, dtype, items=tuple(blocks for blocks, _ in items),
+    return MediaPlan(MEDIA_ITEMS, _dtype_anchor(device, dtype), at, width, dtype,
+                     items=tuple(blocks for blocks, _ in items),
                      table=(*table_starts, *fields), blocks=blocks_max, vec=vec if aligned else 1)
 
 
@@ -301,13 +309,12 @@ def check_embed(slab, table, n: int, *, media=None, media_index=None, pad_to=Non
         raise ValueError("media was given without media_index: say which rows are media rows")
     if not isinstance(media_owner, bool):
         raise TypeError(f"media_owner must be a bool, got {media_owner!r}")
-    pad_to = n if pad_to is None else check_int("pad_to", pad_to, lo=n, hi=rows)
     if n > rows:
         raise ValueError(f"{n} tokens exceed the slab's {rows} rows")
+    pad_to = n if pad_to is None else check_int("pad_to", pad_to, lo=n, hi=rows)
     scale = None if text_scale is None else check_real("text_scale", text_scale)
     bounds = vocab_bounds(vocab_range, vocab_size, table.shape[0])
-    for name, src in (("table", table), *((f"media source {k}", t) for k, t in
-                                         enumerate(plan.sources if plan is not None else ()))):
+    for name, src in (("table", table), *(plan.named_sources() if plan is not None else ())):
         check_no_overlap("the slab", slab, name, src)
     return pad_to, plan, bounds, scale
 
@@ -322,7 +329,8 @@ def embed_args(slab, table, plan: MediaPlan | None, bounds, scale, *, expand, me
     tiled = (text_width,) * text_tiled + (media_width,) * media_tiled
     block, num_warps = row_launch_config(width, slab.element_size(), divides=tiled)
     cols = (width + block - 1) // block
-    mode = MEDIA_NONE if plan is None or not has_index else plan.mode
+    # an index without media still marks media rows: each is then past the (zero) media rows, and flagged
+    mode = MEDIA_NONE if not has_index else (plan.mode if plan is not None else MEDIA_TENSOR)
     args = dict(slab_ptr=slab, table_ptr=table, vocab_start=bounds[0], vocab_end=bounds[1], vocab_size=bounds[2],
                 text_scale=1.0 if scale is None else scale, stride_slab=width, stride_table=table.stride(0))
     if plan is not None:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..staging.buffers import NO_ROW
-from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH
+from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, writing_word
 
 __all__ = ["stage_embeddings_reference", "media_index_from_mask_reference", "stage_token_inputs_reference"]
 
@@ -82,7 +82,8 @@ def stage_embeddings_reference(slab, input_ids, table, plan, media_index, *, pad
         out = torch.where(is_media[:, None], torch.zeros((), dtype=out.dtype, device=out.device), out)
     slab[:n] = out
     slab[n:pad_to] = 0
-    _record(errors, bad_id, bad_media)
+    with writing_word(errors):  # a word made under inference mode is updated under it
+        _record(errors, bad_id, bad_media)
 
 
 def media_index_from_mask_reference(is_media: torch.Tensor, num_media_rows: int, errors: torch.Tensor,

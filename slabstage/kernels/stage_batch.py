@@ -27,6 +27,7 @@ __all__ = ["plan_stage_batch", "BatchStager"]
 # the kernel's optional integer arguments at their defaults: the cached path passes every argument
 _INT_DEFAULTS = {} if STAGE is None else {k: STAGE.defaults[k] for k in STAGE.runtime
                                          if STAGE.defaults.get(k) is not None}
+_PTRS = () if STAGE is None else STAGE.ptrs
 
 
 def plan_stage_batch(buffers, *, input_ids, positions, table, out_cache_loc=None, mrope_positions=None,
@@ -211,7 +212,8 @@ class BatchStager:
         args.update(n=n, pad_to=pad_to, b=b, stride_mrope=mrope.stride(0) if mrope is not None else 0,
                     media_index_ptr=index.data_ptr() if index is not None else dummy,
                     items_ptr=items.data_ptr() if items is not None else dummy)
-        args.setdefault("media_ptr", dummy)
+        for k in _PTRS:  # an omitted pointer, as FastLaunch completes it
+            args.setdefault(k, dummy)
         args["_keep"] = given  # the packed copy lives until the launch has been queued
         return key, max(1, pad_to * cols), args
 
@@ -230,7 +232,8 @@ class BatchStager:
         table = batch.table
         return (form(batch.input_ids), form(batch.positions), form(batch.out_cache_loc), form(batch.mrope_positions),
                 form(batch.seq_lens), form(batch.extend_start_loc), form(batch.media_index), form(table),
-                table.shape[-1], int_spec(table.stride(0)), mform, batch.expand, batch.text_scale is None, batch.media_owner)
+                table.shape[-1], int_spec(table.stride(0)), mform, batch.expand, batch.text_scale is None,
+                batch.media_owner)
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:

@@ -34,6 +34,8 @@ if triton is not None:
     _BAD_ID = tl.constexpr(BAD_TOKEN_ID)
     _BAD_MEDIA = tl.constexpr(BAD_MEDIA_INDEX)
     _RANGE = tl.constexpr(VALUE_OUT_OF_RANGE)
+    _TOK_BLOCK = tl.constexpr(TOK_BLOCK)
+    _ITEM_CHUNK = tl.constexpr(ITEM_CHUNK)
 
     @triton.jit
     def _copy_pad(src_ptr, dst_ptr, errors_ptr, offs, count, limit, fill, PAD: tl.constexpr):
@@ -82,7 +84,7 @@ if triton is not None:
             row = (pid // COL_BLOCKS).to(tl.int64)
             col0 = (pid % COL_BLOCKS) * BLOCK
         else:
-            row = pid.to(tl.int64) * TOK_BLOCK
+            row = pid.to(tl.int64) * _TOK_BLOCK
             col0 = 0
         if EMBED:
             offs = tl.arange(0, BLOCK)
@@ -136,10 +138,10 @@ if triton is not None:
                     item = tl.zeros((), tl.int64) - 1
                     c = 0
                     while c < num_items:  # a while loop: the interpreter cannot range() over a runtime int
-                        k = c + tl.arange(0, ITEM_CHUNK)
+                        k = c + tl.arange(0, _ITEM_CHUNK)
                         starts = tl.load(items_ptr + k, mask=k < num_items, other=2**62)
                         item += tl.sum((starts <= mi).to(tl.int64), axis=0)
-                        c += ITEM_CHUNK
+                        c += _ITEM_CHUNK
                     item = tl.maximum(item, 0)
                     first = tl.load(items_ptr + item, mask=read_media, other=0)
                     fields = items_ptr + num_items + item * (ITEM_BLOCKS * 4)
@@ -158,11 +160,11 @@ if triton is not None:
                         m = tl.where(in_block, tl.load(base + start + offs, mask=in_block, other=0.0), m)
                 val = tl.where(is_media, cast_to(m, slab_ptr.dtype.element_ty, _SOFT), val)
 
-            tl.store(slab_ptr + row * stride_slab + cols, val, mask=col_ok)
+            tl.store(slab_ptr + row * stride_slab + cols, val, mask=col_ok & (row < pad_to))
 
         if TOKENS:
-            if (col0 == 0) & (row % TOK_BLOCK == 0):  # one program per TOK_BLOCK rows
-                offs_t = row + tl.arange(0, TOK_BLOCK)
+            if (col0 == 0) & (row % _TOK_BLOCK == 0):  # one program per _TOK_BLOCK rows
+                offs_t = row + tl.arange(0, _TOK_BLOCK)
                 _copy_pad(ids_ptr, ids_dst_ptr, errors_ptr, offs_t, n, pad_to, ids_fill, PAD_IDS)
                 _copy_pad(pos_ptr, pos_dst_ptr, errors_ptr, offs_t, n, pad_to, pos_fill, PAD_POS)
                 if HAS_LOC:

@@ -52,7 +52,13 @@ def check_token_batch(buffers, *, pad_to, **inputs):
     given, n, b = check_token_sources(buffers.device, batch_cap=dst.batch_cap, **inputs)
     if "mrope_positions" in given and not dst.has_mrope:
         raise ValueError("mrope_positions given but the buffers were allocated without mrope=True")
-    pad_to = check_int("pad_to", pad_to, lo=n, hi=buffers.registry.capacity)
+    for name in given:
+        if name not in dst.dtypes:
+            raise ValueError(f"{name} given but the buffers have no {name!r} slot")
+    capacity = buffers.registry.capacity
+    if n > capacity:
+        raise ValueError(f"{n} tokens exceed the buffers' capacity of {capacity} tokens")
+    pad_to = check_int("pad_to", pad_to, lo=n, hi=capacity)
     check_host_values(given, dst.dtypes)
     check_sources_apart(dst, {k: v for k, v in given.items() if v.device == buffers.device})
     return dst, given, n, b, pad_to

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call, by phase: GPU tests, then benchmarks of an older tree (.gpu-old, carried) and of this one
+# in the same session, so that "no worse than before" is one run's ratio.
+#   PHASES="tests items old new" TESTS="tests/test_x.py" K="pytest -k expression" bash tools/gpu_compare_before_after.sh
+set -u
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/slabstage-gpu}
+mkdir -p "$OUT"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+  date -u; } > "$OUT/machine.txt" 2>&1
+bench() {  # tree, json name, files...
+  local tree=$1 name=$2; shift 2
+  (cd "$tree" && PYTHONPATH=$PWD${EXTRA_PATH:+:$EXTRA_PATH} timeout "${BENCH_TIMEOUT:-200}" python3 -m pytest "$@" -k "${K:-}" --benchmark-enable \
+     --benchmark-json="$OUT/$name.json" -q -p no:cacheprovider > "$OUT/$name.log" 2>&1)
+  echo "$name: $(tail -1 "$OUT/$name.log")"
+}
+for phase in ${PHASES:-tests}; do
+  case $phase in
+    tests) PYTHONPATH=$PWD timeout "${TEST_TIMEOUT:-300}" python3 -m pytest ${TESTS:-tests} -q -p no:cacheprovider \
+             -m "not slow" -rfE > "$OUT/tests.log" 2>&1
+           echo "tests: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30 ;;
+    items) K= bench . items bench/bench_media_items.py ;;
+    old) bench .gpu-old old bench/bench_stage_embeddings.py bench/bench_graph_runner.py ;;
+    new) bench . new bench/bench_stage_embeddings.py bench/bench_graph_runner.py ;;
+    hf) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+        PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m pytest tests/test_hf_models.py -q -p no:cacheprovider -rfE \
+          > "$OUT/hf_tests.log" 2>&1; echo "hf tests: $(tail -1 "$OUT/hf_tests.log")"
+        EXTRA_PATH=/tmp/site K= bench . hf bench/bench_hf.py ;;
+  esac
+done
