@@ -90,8 +90,8 @@ class FakeVariant:
     def __init__(self, recorder):
         self.recorder = recorder
 
-    def launch(self, grid0, args):
-        self.recorder.calls.append((grid0, {k: args[k] for k in STAGE.runtime}, None, None))
+    def launch(self, grid0, values):
+        self.recorder.calls.append((grid0, dict(zip(STAGE.runtime, values)), None, None))
         return True
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call, by phase: GPU tests, then benchmarks of an older tree (.gpu-old, carried) and of this one
 # in the same session, so that "no worse than before" is one run's ratio.
-#   PHASES="tests items old new" TESTS="tests/test_x.py" K="pytest -k expression" bash tools/gpu_compare_before_after.sh
+#   PHASES="wheels tests items old new hf" TESTS="tests/test_x.py" K="pytest -k expression" bash tools/gpu_compare_before_after.sh
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/slabstage-gpu}
@@ -17,9 +17,12 @@ bench() {  # tree, json name, files...
 }
 for phase in ${PHASES:-tests}; do
   case $phase in
-    tests) PYTHONPATH=$PWD timeout "${TEST_TIMEOUT:-300}" python3 -m pytest ${TESTS:-tests} -q -p no:cacheprovider \
+    wheels) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+              && export EXTRA_PATH=/tmp/site ;;
+    tests) PYTHONPATH=$PWD${EXTRA_PATH:+:$EXTRA_PATH} timeout "${TEST_TIMEOUT:-300}" python3 -m pytest ${TESTS:-tests} -q -p no:cacheprovider \
              -m "not slow" -rfE > "$OUT/tests.log" 2>&1
-           echo "tests: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30 ;;
+           echo "tests: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
+           grep -E "^E  " "$OUT/tests.log" | sort | uniq -c | sort -rn | head -12 ;;
     items) K= bench . items bench/bench_media_items.py ;;
     old) bench .gpu-old old bench/bench_stage_embeddings.py bench/bench_graph_runner.py ;;
     new) bench . new bench/bench_stage_embeddings.py bench/bench_graph_runner.py ;;

@@ -18,8 +18,10 @@ def _split(rows, sizes):
 
 def _tower(fam, pixel_values, grid_thw, video: bool):
     get = fam.base.get_video_features if video else fam.base.get_image_features
-    out = get(pixel_values, grid_thw, return_dict=True)
-    sizes = (grid_thw.prod(-1) // fam.vision_config.spatial_merge_size ** 2).tolist()  # host grid: no sync
+    # the tower computes positions from the grid beside the pixels; the row counts come from a host copy
+    out = get(pixel_values, grid_thw.to(pixel_values.device), return_dict=True)
+    host_grid = grid_thw.cpu()  # no copy (and no sync) for a host grid, as the docstring asks
+    sizes = (host_grid.prod(-1) // fam.vision_config.spatial_merge_size ** 2).tolist()
     main = _split(out.pooler_output, sizes)
     if not fam.has_deepstack:
         return main

@@ -63,32 +63,33 @@ def _params(fn) -> list[tuple[str, bool, bool, object]]:
 class Variant:
     """One compiled variant of a kernel, launched with integer arguments in signature order.
 
-    ``launch(grid0, args)`` takes every runtime argument by name (pointers as
-    ints). It returns False, launching nothing, when the arguments would make
-    Triton compile another variant (an unaligned pointer, another integer
-    specialisation): the caller then takes the ordinary path.
+    ``launch(grid0, values)`` takes every runtime argument in signature order
+    (``FastLaunch.runtime``), pointers as ints. It returns False, launching
+    nothing, when the values would make Triton compile another variant (an
+    unaligned pointer, another integer specialisation): the caller then takes the
+    ordinary path.
     """
 
-    __slots__ = ("names", "ptrs", "specialised", "specs", "run", "function", "metadata", "tail", "device_index",
-                 "_stream")
+    __slots__ = ("ptr_at", "spec_at", "specs", "run", "function", "metadata", "tail", "device_index", "_stream")
 
-    def __init__(self, launcher: "FastLaunch", kernel, tail: tuple, args: dict, device_index: int) -> None:
-        self.names = launcher.runtime
-        self.ptrs = launcher.ptrs
-        self.specialised = launcher.specialised
-        self.specs = tuple(int_spec(args[k]) for k in self.specialised)
+    def __init__(self, launcher: "FastLaunch", kernel, tail: tuple, values: list, device_index: int) -> None:
+        self.ptr_at, self.spec_at = launcher.ptr_at, launcher.spec_at
+        self.specs = tuple(int_spec(values[i]) for i in self.spec_at)
         self.run, self.function, self.metadata, self.tail = kernel.run, kernel.function, kernel.packed_metadata, tail
         self.device_index = device_index
         self._stream = torch._C._cuda_getCurrentRawStream
 
-    def launch(self, grid0: int, args: dict) -> bool:
+    def launch(self, grid0: int, values: list) -> bool:
         align = 0
-        for k in self.ptrs:
-            align |= args[k]
-        if align & 15 or any(int_spec(args[k]) != s for k, s in zip(self.specialised, self.specs)):
+        for i in self.ptr_at:
+            align |= values[i]
+        if align & 15:
             return False
+        for i, spec in zip(self.spec_at, self.specs):
+            if int_spec(values[i]) != spec:
+                return False
         self.run(grid0, 1, 1, self._stream(self.device_index), self.function, self.metadata, None, None, None,
-                 *[args[k] for k in self.names], *self.tail)
+                 *values, *self.tail)
         return True
 
 
@@ -105,6 +106,9 @@ class FastLaunch:
         self.specialised = tuple(name for name, const, dns, default in params
                                  if not const and not dns and not name.endswith("_ptr") and type(default) is not float)
         self.defaults = {name: default for name, _, _, default in params if default is not _NO_DEFAULT}
+        self.at = {name: i for i, name in enumerate(self.runtime)}  # runtime argument -> position
+        self.ptr_at = tuple(self.at[k] for k in self.ptrs)
+        self.spec_at = tuple(self.at[k] for k in self.specialised)
         self.cache: dict = {}
         self.enabled = HAS_TRITON and not INTERPRET
 
@@ -139,8 +143,10 @@ class FastLaunch:
         key = self.key(args, constexprs, num_warps) if self.enabled else None
         variant = self.cache.get(key) if key is not None else None
         if variant is not None and not launch_hooks_set():
-            ptr_args = {**args, **{k: args[k].data_ptr() for k in self.ptrs}}
-            if variant.launch(grid0, ptr_args):
+            values = [args[k] for k in self.runtime]
+            for i in self.ptr_at:
+                values[i] = values[i].data_ptr()
+            if variant.launch(grid0, values):
                 return variant
         kernel = self.fn[(grid0,)](**args, **constexprs, num_warps=num_warps)
         if key is not None and key not in self.cache:
@@ -166,4 +172,4 @@ class FastLaunch:
         else:
             return None
         device = next(args[k].device for k in self.ptrs)
-        return Variant(self, kernel, tail, args, device.index)
+        return Variant(self, kernel, tail, [args[k] for k in self.runtime], device.index)

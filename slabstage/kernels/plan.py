@@ -29,7 +29,7 @@ from .stage_kernel import MEDIA_ITEMS, MEDIA_NONE, MEDIA_TENSOR
 
 __all__ = ["SLOTS", "REQUEST_SLOTS", "SLOT_ARGS", "MediaPlan", "Destinations", "check_destinations",
            "check_token_sources", "check_host_values", "check_slab", "check_media", "check_embed",
-           "check_sources_apart", "embed_args", "token_args", "pack_host_inputs", "vocab_bounds"]
+           "check_sources_apart", "embed_args", "launch_columns", "token_args", "pack_host_inputs", "vocab_bounds"]
 
 SLOTS = ("input_ids", "positions", "out_cache_loc", "mrope_positions", "seq_lens", "extend_start_loc")
 REQUEST_SLOTS = ("seq_lens", "extend_start_loc")
@@ -140,7 +140,7 @@ def check_host_values(given: dict, dtypes: dict) -> None:
                 t.dtype).bits:
             continue
         info = torch.iinfo(dst)
-        lo, hi = int(t.min()), int(t.max())
+        lo, hi = (int(v) for v in torch.aminmax(t))
         if lo < info.min or hi > info.max:
             raise ValueError(f"{name} holds {lo if lo < info.min else hi}, which its {dst} slot cannot hold")
 
@@ -319,6 +319,19 @@ def check_embed(slab, table, n: int, *, media=None, media_index=None, pad_to=Non
     return pad_to, plan, bounds, scale
 
 
+def _row_settings(slab, text_width: int, media_width: int | None, expand: str) -> tuple[int, int]:
+    """(BLOCK, num_warps) of the embedding half: a tiled ("repeat") source needs whole pieces."""
+    width = slab.shape[1]
+    tiled = tuple(w for w in (text_width, media_width) if w is not None and expand == "repeat" and w < width)
+    return row_launch_config(width, slab.element_size(), divides=tiled)
+
+
+def launch_columns(slab, text_width: int, media_width: int | None, expand: str) -> int:
+    """Programs per slab row of the embedding half."""
+    block, _ = _row_settings(slab, text_width, media_width, expand)
+    return -(-slab.shape[1] // block)
+
+
 def embed_args(slab, table, plan: MediaPlan | None, bounds, scale, *, expand, media_owner, has_index: bool):
     """``(args, constexprs, cols, num_warps)`` of the embedding half (``ids_ptr``, ``media_index_ptr`` and
     ``items_ptr`` are the caller's: they may travel in the packed host copy)."""
@@ -326,8 +339,7 @@ def embed_args(slab, table, plan: MediaPlan | None, bounds, scale, *, expand, me
     media_width = plan.width if plan is not None else width
     text_tiled = expand == "repeat" and text_width < width
     media_tiled = plan is not None and expand == "repeat" and media_width < width
-    tiled = (text_width,) * text_tiled + (media_width,) * media_tiled
-    block, num_warps = row_launch_config(width, slab.element_size(), divides=tiled)
+    block, num_warps = _row_settings(slab, text_width, plan.width if plan is not None else None, expand)
     cols = (width + block - 1) // block
     # an index without media still marks media rows: each is then past the (zero) media rows, and flagged
     mode = MEDIA_NONE if not has_index else (plan.mode if plan is not None else MEDIA_TENSOR)

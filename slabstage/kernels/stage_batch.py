@@ -16,7 +16,8 @@ from .errors import check_error_word
 from .launch import int_spec, launch_hooks_set
 from ..checks import check_real
 from .plan import (REQUEST_SLOTS, SLOT_ARGS, SLOTS, MediaPlan, check_destinations, check_embed, check_host_values,
-                   check_media, check_no_overlap, check_slab, embed_args, pack_host_inputs, token_args, vocab_bounds)
+                   check_media, check_no_overlap, check_slab, embed_args, launch_columns, pack_host_inputs,
+                   token_args, vocab_bounds)
 from .reference import stage_embeddings_reference, stage_token_inputs_reference
 from .runtime import use_triton
 from .stage_kernel import MEDIA_ITEMS, MEDIA_TENSOR, STAGE
@@ -24,10 +25,6 @@ from .stage_token_inputs import check_token_batch
 
 __all__ = ["plan_stage_batch", "BatchStager"]
 
-# the kernel's optional integer arguments at their defaults: the cached path passes every argument
-_INT_DEFAULTS = {} if STAGE is None else {k: STAGE.defaults[k] for k in STAGE.runtime
-                                         if STAGE.defaults.get(k) is not None}
-_PTRS = () if STAGE is None else STAGE.ptrs
 
 
 def plan_stage_batch(buffers, *, input_ids, positions, table, out_cache_loc=None, mrope_positions=None,
@@ -92,22 +89,22 @@ class BatchStager:
     ``stager(batch, pad_to, signature)`` stages a :class:`PrefillBatch`. ``signature``
     is the registry signature the caller has just checked
     (:meth:`BufferRegistry.check`): the destination slots are checked and read
-    once per signature. The first batch of each *configuration* (the dtype, side,
-    rank and last stride of every input, the table's width, the media's form,
-    ``expand``, ``media_owner``, which optional arguments are given) takes the full
-    path of :func:`plan_stage_batch`, whose launch compiles; its compiled variant
-    is kept. A later batch of a kept configuration is checked on what can differ
-    between batches (lengths, batch size, ``pad_to``, vocabulary bounds,
-    ``text_scale``, storage overlap, the media items, alignment) through the same
-    helpers, then launched with integer arguments. A batch that fails any of
-    these takes the full path, which raises the error. Nothing is written before
-    every check has passed.
+    once per signature. The first batch of each *configuration* (the dtype and
+    side of every input, the table's width and row-stride class, the media's form
+    and dtype, ``expand``, ``media_owner``, which optional arguments are given)
+    takes the full path of :func:`plan_stage_batch`, whose launch compiles; its
+    compiled variant is kept. A later batch of a kept configuration is checked on
+    what can differ between batches of one configuration (ranks and lengths,
+    batch size, ``pad_to``, vocabulary bounds, ``text_scale``, storage overlap,
+    the media items, alignment) and launched with integer arguments. A batch
+    that fails any of these takes the full path, which raises the error. Nothing
+    is written before every check has passed.
     """
 
     def __init__(self, buffers) -> None:
         self.buffers = buffers
         self.enabled = STAGE is not None and STAGE.enabled and buffers.device.type == "cuda"
-        self.variants: dict = {}  # configuration -> compiled Variant
+        self.variants: dict = {}  # configuration -> (compiled Variant, column blocks per row)
         self.cached_launches = 0  # batches that took the cached path (for tests and profiling)
         self._sig = self._errors = None
         self._static = None
@@ -119,12 +116,12 @@ class BatchStager:
                 self._refresh(signature)
             if self._static is not None:
                 try:
-                    key, grid0, args = self._match(batch, pad_to)
+                    key, values, keep = self._match(batch, pad_to)
                 except (TypeError, ValueError, AttributeError, IndexError):
                     key = None  # the full path names the problem
                 else:
-                    variant = self.variants.get(key)
-                    if variant is not None and variant.launch(grid0, args):
+                    entry = self.variants.get(key)
+                    if entry is not None and entry[0].launch(max(1, pad_to * entry[1]), values):
                         self.cached_launches += 1
                         return
         variant = plan_stage_batch(
@@ -134,7 +131,7 @@ class BatchStager:
             expand=batch.expand, text_scale=batch.text_scale, vocab_range=batch.vocab_range,
             vocab_size=batch.vocab_size, media_owner=batch.media_owner, pad_to=pad_to)()
         if key is not None and variant is not None:
-            self.variants[key] = variant
+            self.variants[key] = variant, self._cols(batch)
 
     def _refresh(self, signature) -> None:
         """Check and read the buffers' side of the launch under ``signature``; forget every variant."""
@@ -145,98 +142,122 @@ class BatchStager:
             check_error_word(self.buffers.errors, self.buffers.device)
         except (TypeError, ValueError):
             return  # the full path raises the error
-        static = dict(_INT_DEFAULTS)
-        static.update((k, v.data_ptr() if isinstance(v, torch.Tensor) else v) for k, v in dst.args.items())
-        static.update(errors_ptr=self.buffers.errors.data_ptr())
+        errors = self.buffers.errors.data_ptr()
+        base = {k: _DEFAULTS.get(k) for k in _RUNTIME}
+        base.update((k, v.data_ptr() if isinstance(v, torch.Tensor) else v) for k, v in dst.args.items())
+        base.update(errors_ptr=errors, slab_ptr=slab.data_ptr(), stride_slab=slab.shape[1])
+        values = [errors if v is None else v for v in base.values()]  # an omitted pointer, as FastLaunch fills it
         spans = sorted([_span(t) for _, t in dst.spans] + [_span(slab)])
-        self._static = static, dst, slab, [s for s, _ in spans], spans
+        self._static = values, dst, slab, [s for s, _ in spans], spans, slab.get_device()
 
     def _match(self, batch, pad_to: int):
-        """``(configuration key, grid, integer arguments)`` of ``batch``; raises on anything the full path
-        must look at. Checks only what can differ between batches of one configuration."""
-        static, dst, slab, starts, spans = self._static
-        ids, table, media = batch.input_ids, batch.table, batch.media
+        """``(configuration key, launch values, what must outlive the launch)``; raises on anything the
+        full path must look at. Checks only what can differ between batches of one configuration."""
+        base, dst, slab, _, _, dev = self._static
+        ids, table, media, index = batch.input_ids, batch.table, batch.media, batch.media_index
         n = ids.shape[0]
         if type(pad_to) is not int or not 0 < n <= pad_to <= slab.shape[0]:
             raise ValueError("pad_to")
-        given = {}
-        for name in SLOTS:
-            t = getattr(batch, name)
-            if t is not None:
-                given[name] = t
-        req = given.get("seq_lens", given.get("extend_start_loc"))
-        b = req.shape[0] if req is not None else 0
-        for name, t in given.items():
-            if t.shape[-1] != (b if name in REQUEST_SLOTS else n):
-                raise ValueError(name)
-        if b > dst.batch_cap or batch.media_index is not None and batch.media_index.shape[0] != n:
-            raise ValueError("lengths")
         side = ids.get_device()
+        given, form = {}, []
+        b = None
+        for name, t in ((k, getattr(batch, k)) for k in SLOTS):
+            if t is None:
+                form.append(None)
+                continue
+            shape = t.shape
+            if name in REQUEST_SLOTS:
+                b = shape[0] if b is None else b
+                want = (b,)
+            else:
+                want = (3, n) if name == "mrope_positions" else (n,)
+            if shape != want or t.get_device() != side or (shape[-1] > 1 and t.stride(-1) != 1):
+                raise ValueError(name)
+            given[name] = t
+            form.append(t.dtype)
+        if index is not None:
+            if index.shape != (n,) or index.get_device() != side or (n > 1 and index.stride(0) != 1):
+                raise ValueError("media_index")
+            given["media_index"] = index
+        form.append(None if index is None else index.dtype)
+        b = b or 0
+        if b > dst.batch_cap:
+            raise ValueError("batch size")
         device = slab.device
-        if media is None or isinstance(media, torch.Tensor):
-            plan = None if media is None else MediaPlan(MEDIA_TENSOR, media, media.shape[0], media.shape[1],
-                                                        media.dtype)
+        tshape, tstride = table.shape, table.stride()
+        if len(tshape) != 2 or table.get_device() != dev or tstride[1] != 1:
+            raise ValueError("table")
+        if media is None:
+            plan, mform = None, None
+        elif isinstance(media, torch.Tensor):
+            mshape, mstride = media.shape, media.stride()
+            if len(mshape) != 2 or media.get_device() != dev or mstride[1] != 1:
+                raise ValueError("media")
+            plan = MediaPlan(MEDIA_TENSOR, media, mshape[0], mshape[1], media.dtype)
+            mform = media.dtype, mshape[1], int_spec(mstride[0])
         else:
-            plan = check_media(media, device, slab.shape[1], table.shape[1], batch.expand)
+            plan = check_media(media, device, slab.shape[1], tshape[1], batch.expand)
+            mform = plan.dtype, plan.width, plan.blocks, plan.vec
         if batch.vocab_range is None and batch.vocab_size is None:
-            bounds = (0, table.shape[0], table.shape[0])
+            bounds = vocab_bounds(None, None, tshape[0])
         else:
-            bounds = vocab_bounds(batch.vocab_range, batch.vocab_size, table.shape[0])
+            bounds = vocab_bounds(batch.vocab_range, batch.vocab_size, tshape[0])
         scale = batch.text_scale
         if scale is not None:
             scale = check_real("text_scale", scale)
-        for t in (table, *(plan.sources if plan is not None else ()), *(given.values() if side >= 0 else ())):
-            start, end = _span(t)
-            i = bisect.bisect_right(starts, start) - 1  # the destinations, sorted and apart, around it
-            if (i >= 0 and spans[i][1] > start) or (i + 1 < len(spans) and spans[i + 1][0] < end):
-                raise ValueError("overlap")  # the full path names it
-        key = (self._config(batch), plan.blocks if plan is not None else 0, plan.vec if plan is not None else 0)
-        if batch.media_index is not None:
-            given["media_index"] = batch.media_index
+        for t in (table, *(plan.sources if plan is not None else ())):
+            self._apart(*_span(t))
+        if side >= 0:
+            for t in given.values():
+                p = t.data_ptr()
+                self._apart(p, p + t.numel() * 8)  # int64 at most: an overestimate sends a batch to the full path
+        key = (side, *form, table.dtype, tshape[1], int_spec(tstride[0]), mform, batch.expand, scale is None,
+               batch.media_owner)
         if plan is not None and plan.mode == MEDIA_ITEMS:
             given["items_ptr"] = plan.table
         if side < 0:
             check_host_values(given, dst.dtypes)
             given = pack_host_inputs(device, given, self.buffers.token_scratch)
-        emb, _, cols, _ = embed_args(slab, table, plan, bounds, scale, expand=batch.expand,
-                                     media_owner=batch.media_owner, has_index=batch.media_index is not None)
-        args = dict(static)
-        for k, v in emb.items():
-            args[k] = v.data_ptr() if isinstance(v, torch.Tensor) else v
-        dummy = static["errors_ptr"]  # what FastLaunch passes for an omitted pointer: never dereferenced
-        for name, (src, *_) in SLOT_ARGS.items():
-            t = given.get(name)
-            args[src] = t.data_ptr() if t is not None else dummy
+        values = base.copy()
+        for name, t in given.items():
+            values[_AT[_SOURCE_ARG[name]]] = t.data_ptr()
+        at = _AT
         mrope = given.get("mrope_positions")
-        index, items = given.get("media_index"), given.get("items_ptr")
-        args.update(n=n, pad_to=pad_to, b=b, stride_mrope=mrope.stride(0) if mrope is not None else 0,
-                    media_index_ptr=index.data_ptr() if index is not None else dummy,
-                    items_ptr=items.data_ptr() if items is not None else dummy)
-        for k in _PTRS:  # an omitted pointer, as FastLaunch completes it
-            args.setdefault(k, dummy)
-        args["_keep"] = given  # the packed copy lives until the launch has been queued
-        return key, max(1, pad_to * cols), args
+        values[at["n"]], values[at["pad_to"]], values[at["b"]] = n, pad_to, b
+        values[at["stride_mrope"]] = mrope.stride(0) if mrope is not None else 0
+        values[at["table_ptr"]], values[at["stride_table"]] = table.data_ptr(), tstride[0]
+        values[at["vocab_start"]], values[at["vocab_end"]], values[at["vocab_size"]] = bounds
+        values[at["text_scale"]] = 1.0 if scale is None else scale
+        if plan is not None:
+            values[at["media_ptr"]], values[at["num_media"]] = plan.tensor.data_ptr(), plan.rows
+            values[at["num_items"]] = plan.num_items
+            values[at["stride_media"]] = plan.tensor.stride(0) if plan.mode == MEDIA_TENSOR else 0
+        return key, values, given
 
-    @staticmethod
-    def _config(batch):
-        """What fixes the compiled variant and the static checks: per input its dtype, side, rank and last
-        stride; the table's width; the media's form; the flags."""
-        def form(t):
-            return None if t is None else (t.dtype, t.get_device(), t.dim(), t.stride(-1))
+    def _apart(self, start: int, end: int) -> None:
+        """Raise unless bytes ``[start, end)`` miss every destination (sorted and apart)."""
+        _, _, _, starts, spans, _ = self._static
+        i = bisect.bisect_right(starts, start) - 1
+        if (i >= 0 and spans[i][1] > start) or (i + 1 < len(spans) and spans[i + 1][0] < end):
+            raise ValueError("overlap")  # the full path names it
 
+    def _cols(self, batch) -> int:
+        """Programs per slab row for ``batch``'s configuration, as the full path chose them."""
+        slab, table = self.buffers.input_embeds, batch.table
         media = batch.media
-        if media is None or isinstance(media, torch.Tensor):
-            mform = (form(media), media.shape[-1], int_spec(media.stride(0))) if media is not None else None
-        else:
-            mform = "items"
-        table = batch.table
-        return (form(batch.input_ids), form(batch.positions), form(batch.out_cache_loc), form(batch.mrope_positions),
-                form(batch.seq_lens), form(batch.extend_start_loc), form(batch.media_index), form(table),
-                table.shape[-1], int_spec(table.stride(0)), mform, batch.expand, batch.text_scale is None,
-                batch.media_owner)
+        media_width = None if media is None else (media.shape[1] if isinstance(media, torch.Tensor) else sum(
+            t.shape[1] for t in (media[0] if isinstance(media[0], tuple) else (media[0],))))
+        return launch_columns(slab, table.shape[1], media_width, batch.expand)
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """Bytes ``[start, end)`` a row-major tensor may touch (an upper bound for strided ones)."""
     start = t.data_ptr()
     return start, start + (t.shape[0] * t.stride(0) if t.dim() else 1) * t.element_size()
+
+
+if STAGE is not None:
+    # the kernel's runtime arguments, each one's position and the defaults of the optional ones
+    _RUNTIME, _AT, _DEFAULTS = STAGE.runtime, STAGE.at, STAGE.defaults
+    _SOURCE_ARG = {**{name: SLOT_ARGS[name][0] for name in SLOTS}, "media_index": "media_index_ptr",
+                   "items_ptr": "items_ptr"}
