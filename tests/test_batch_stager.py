@@ -90,7 +90,7 @@ class FakeVariant:
     def __init__(self, recorder):
         self.recorder = recorder
 
-    def launch(self, grid0, values):
+    def launch(self, grid0, values, trusted=False):
         self.recorder.calls.append((grid0, dict(zip(STAGE.runtime, values)), None, None))
         return True
 

@@ -58,7 +58,7 @@ def compare_with_hf(model, batch, out, prompts, tol):
     starts, lens = batch.extend_start_loc.tolist(), batch.seq_lens.tolist()
     with torch.no_grad():
         for (ids, pv, grid), s, n in zip(prompts, starts, lens):
-            ref = hf_reference(model, ids.to(out.device), pv, grid)
+            ref = hf_reference(model, ids.to(out.device), pv, None if grid is None else grid.to(out.device))
             torch.testing.assert_close(out[s:s + n].float(), ref.float(), **tol)
 
 

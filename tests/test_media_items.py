@@ -985,7 +985,7 @@ def test_cuda_pinned_host_items_are_read_directly():
     rows = [6, 0, 9, 5]
     host = make_items(g, rows, W, F32, "cpu", [None, None, (32, 64), (32, 32, 32)])
     pinned = [tuple(b.pin_memory() for b in it) if isinstance(it, tuple) else it.pin_memory() for it in host]
-    assert all(b.is_pinned() for it in pinned for b in blocks_of(it))
+    assert all(b.is_pinned() for it in pinned for b in blocks_of(it) if b.numel())  # an empty block has no memory
     mixed = [pinned[0], host[1].cuda(), pinned[2], tuple(b.cuda() for b in host[3])]  # host and device items
     ids = randint(g, 0, V, n, device="cuda")
     index = scattered_index(g, n, rows, 22, device="cuda")

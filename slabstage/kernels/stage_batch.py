@@ -8,13 +8,14 @@ of two. At small batches the host, not the GPU, bounds a prefill step.
 from __future__ import annotations
 
 import bisect
+import math
 from functools import partial
 
 import torch
 
 from .errors import check_error_word
 from .launch import int_spec, launch_hooks_set
-from ..checks import check_real
+from ..checks import INT32_MAX, check_real
 from .plan import (REQUEST_SLOTS, SLOT_ARGS, SLOTS, MediaPlan, check_destinations, check_embed, check_host_values,
                    check_media, check_no_overlap, check_slab, embed_args, launch_columns, pack_host_inputs,
                    token_args, vocab_bounds)
@@ -121,7 +122,8 @@ class BatchStager:
                     key = None  # the full path names the problem
                 else:
                     entry = self.variants.get(key)
-                    if entry is not None and entry[0].launch(max(1, pad_to * entry[1]), values):
+                    # trusted: the key fixes every specialisation but the per-call pointers, checked by _match
+                    if entry is not None and entry[0].launch(max(1, pad_to * entry[1]), values, trusted=True):
                         self.cached_launches += 1
                         return
         variant = plan_stage_batch(
@@ -154,41 +156,35 @@ class BatchStager:
         """``(configuration key, launch values, what must outlive the launch)``; raises on anything the
         full path must look at. Checks only what can differ between batches of one configuration."""
         base, dst, slab, _, _, dev = self._static
-        ids, table, media, index = batch.input_ids, batch.table, batch.media, batch.media_index
+        ids, table, media = batch.input_ids, batch.table, batch.media
         n = ids.shape[0]
         if type(pad_to) is not int or not 0 < n <= pad_to <= slab.shape[0]:
             raise ValueError("pad_to")
         side = ids.get_device()
         given, form = {}, []
         b = None
-        for name, t in ((k, getattr(batch, k)) for k in SLOTS):
+        for name in _SOURCES:  # the integer slots, then media_index
+            t = batch.media_index if name == "media_index" else getattr(batch, name)
             if t is None:
                 form.append(None)
                 continue
-            shape = t.shape
             if name in REQUEST_SLOTS:
-                b = shape[0] if b is None else b
+                b = t.shape[0] if b is None else b
                 want = (b,)
             else:
                 want = (3, n) if name == "mrope_positions" else (n,)
-            if shape != want or t.get_device() != side or (shape[-1] > 1 and t.stride(-1) != 1):
+            if t.shape != want or t.get_device() != side or (want[-1] > 1 and t.stride(-1) != 1):
                 raise ValueError(name)
             given[name] = t
             form.append(t.dtype)
-        if index is not None:
-            if index.shape != (n,) or index.get_device() != side or (n > 1 and index.stride(0) != 1):
-                raise ValueError("media_index")
-            given["media_index"] = index
-        form.append(None if index is None else index.dtype)
         b = b or 0
         if b > dst.batch_cap:
             raise ValueError("batch size")
-        device = slab.device
         tshape, tstride = table.shape, table.stride()
         if len(tshape) != 2 or table.get_device() != dev or tstride[1] != 1:
             raise ValueError("table")
         if media is None:
-            plan, mform = None, None
+            plan = mform = None
         elif isinstance(media, torch.Tensor):
             mshape, mstride = media.shape, media.stride()
             if len(mshape) != 2 or media.get_device() != dev or mstride[1] != 1:
@@ -196,42 +192,48 @@ class BatchStager:
             plan = MediaPlan(MEDIA_TENSOR, media, mshape[0], mshape[1], media.dtype)
             mform = media.dtype, mshape[1], int_spec(mstride[0])
         else:
-            plan = check_media(media, device, slab.shape[1], tshape[1], batch.expand)
+            plan = check_media(media, slab.device, slab.shape[1], tshape[1], batch.expand)
             mform = plan.dtype, plan.width, plan.blocks, plan.vec
-        if batch.vocab_range is None and batch.vocab_size is None:
-            bounds = vocab_bounds(None, None, tshape[0])
+        if batch.vocab_range is None and batch.vocab_size is None and tshape[0] <= INT32_MAX:
+            bounds = 0, tshape[0], tshape[0]
         else:
             bounds = vocab_bounds(batch.vocab_range, batch.vocab_size, tshape[0])
         scale = batch.text_scale
-        if scale is not None:
+        if scale is not None and not (type(scale) is float and math.isfinite(scale)):
             scale = check_real("text_scale", scale)
         for t in (table, *(plan.sources if plan is not None else ())):
             self._apart(*_span(t))
-        if side >= 0:
-            for t in given.values():
-                p = t.data_ptr()
-                self._apart(p, p + t.numel() * 8)  # int64 at most: an overestimate sends a batch to the full path
         key = (side, *form, table.dtype, tshape[1], int_spec(tstride[0]), mform, batch.expand, scale is None,
                batch.media_owner)
         if plan is not None and plan.mode == MEDIA_ITEMS:
             given["items_ptr"] = plan.table
         if side < 0:
             check_host_values(given, dst.dtypes)
-            given = pack_host_inputs(device, given, self.buffers.token_scratch)
+            given = pack_host_inputs(slab.device, given, self.buffers.token_scratch)
         values = base.copy()
+        align = 0
         for name, t in given.items():
-            values[_AT[_SOURCE_ARG[name]]] = t.data_ptr()
+            p = t.data_ptr()
+            if side >= 0:  # int64 at most: an overestimate only sends a batch to the full path
+                self._apart(p, p + t.numel() * 8)
+            values[_SOURCE_AT[name]] = p
+            align |= p
         at = _AT
         mrope = given.get("mrope_positions")
         values[at["n"]], values[at["pad_to"]], values[at["b"]] = n, pad_to, b
         values[at["stride_mrope"]] = mrope.stride(0) if mrope is not None else 0
-        values[at["table_ptr"]], values[at["stride_table"]] = table.data_ptr(), tstride[0]
+        values[at["table_ptr"]] = p = table.data_ptr()
+        align |= p
+        values[at["stride_table"]] = tstride[0]
         values[at["vocab_start"]], values[at["vocab_end"]], values[at["vocab_size"]] = bounds
         values[at["text_scale"]] = 1.0 if scale is None else scale
         if plan is not None:
-            values[at["media_ptr"]], values[at["num_media"]] = plan.tensor.data_ptr(), plan.rows
-            values[at["num_items"]] = plan.num_items
+            values[at["media_ptr"]] = p = plan.tensor.data_ptr()
+            align |= p
+            values[at["num_media"]], values[at["num_items"]] = plan.rows, plan.num_items
             values[at["stride_media"]] = plan.tensor.stride(0) if plan.mode == MEDIA_TENSOR else 0
+        if align & 15:
+            raise ValueError("alignment")  # the full path launches through another variant
         return key, values, given
 
     def _apart(self, start: int, end: int) -> None:
@@ -259,5 +261,6 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 if STAGE is not None:
     # the kernel's runtime arguments, each one's position and the defaults of the optional ones
     _RUNTIME, _AT, _DEFAULTS = STAGE.runtime, STAGE.at, STAGE.defaults
-    _SOURCE_ARG = {**{name: SLOT_ARGS[name][0] for name in SLOTS}, "media_index": "media_index_ptr",
-                   "items_ptr": "items_ptr"}
+    _SOURCES = (*SLOTS, "media_index")
+    _SOURCE_AT = {**{name: _AT[SLOT_ARGS[name][0]] for name in SLOTS}, "media_index": _AT["media_index_ptr"],
+                  "items_ptr": _AT["items_ptr"]}
