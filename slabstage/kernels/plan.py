@@ -140,7 +140,8 @@ def check_host_values(given: dict, dtypes: dict) -> None:
                 t.dtype).bits:
             continue
         info = torch.iinfo(dst)
-        lo, hi = (int(v) for v in torch.aminmax(t))
+        values = t.numpy()  # a host tensor: numpy's min and max cost a fraction of torch's
+        lo, hi = int(values.min()), int(values.max())
         if lo < info.min or hi > info.max:
             raise ValueError(f"{name} holds {lo if lo < info.min else hi}, which its {dst} slot cannot hold")
 
@@ -390,24 +391,27 @@ def pack_host_inputs(device: torch.device, parts: dict, scratch=None) -> dict:
     host = [k for k, v in parts.items() if not isinstance(v, torch.Tensor) or v.device != device]
     if not host:
         return parts
-    sizes = [len(parts[k]) if not isinstance(parts[k], torch.Tensor) else parts[k].numel() for k in host]
-    spans = [s + (s & 1) for s in sizes]  # keep every part 16-byte aligned
-    pinned = torch.empty(sum(spans), dtype=torch.int64, pin_memory=device.type == "cuda")
-    at = 0
-    for k, size, span in zip(host, sizes, spans):
+    flat, offsets, at = [], [], 0
+    for k in host:
         v = parts[k]
-        if isinstance(v, torch.Tensor):
-            pinned[at:at + size].copy_(v.reshape(-1))
-        else:
-            pinned[at:at + size] = torch.tensor(v, dtype=torch.int64)
-        at += span
-    dev = scratch(sum(spans)) if scratch is not None else torch.empty(sum(spans), dtype=torch.int64, device=device)
+        t = v.reshape(-1) if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64)
+        flat.append(t)
+        offsets.append(at)
+        at += t.shape[0]
+        if at & 1:  # keep every part 16-byte aligned
+            flat.append(_ONE)
+            at += 1
+    pinned = torch.empty(at, dtype=torch.int64, pin_memory=device.type == "cuda")
+    torch.cat(flat, out=pinned)  # one host op, casting int32 parts
+    dev = scratch(at) if scratch is not None else torch.empty(at, dtype=torch.int64, device=device)
     dev.copy_(pinned, non_blocking=True)
     out = dict(parts)
-    at = 0
-    for k, size, span in zip(host, sizes, spans):
+    for k, start in zip(host, offsets):
         v = parts[k]
-        out[k] = dev[at:at + size].view(v.shape) if isinstance(v, torch.Tensor) else dev[at:at + size]
-        at += span
+        size = v.numel() if isinstance(v, torch.Tensor) else len(v)
+        out[k] = dev[start:start + size].view(v.shape) if isinstance(v, torch.Tensor) else dev[start:start + size]
     return out
+
+
+_ONE = torch.zeros(1, dtype=torch.int64)  # the padding after an odd-length part
 

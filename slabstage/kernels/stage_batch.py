@@ -212,10 +212,14 @@ class BatchStager:
             given = pack_host_inputs(slab.device, given, self.buffers.token_scratch)
         values = base.copy()
         align = 0
+        _, _, _, starts, spans, _ = self._static
+        last = len(starts) - 1
         for name, t in given.items():
             p = t.data_ptr()
-            if side >= 0:  # int64 at most: an overestimate only sends a batch to the full path
-                self._apart(p, p + t.numel() * 8)
+            if side >= 0:  # apart from every destination; int64 at most: an overestimate only costs the full path
+                i = bisect.bisect_right(starts, p) - 1
+                if (i >= 0 and spans[i][1] > p) or (i < last and starts[i + 1] < p + t.numel() * 8):
+                    raise ValueError("overlap")
             values[_SOURCE_AT[name]] = p
             align |= p
         at = _AT
