@@ -24,6 +24,7 @@ __all__ = [
     "check_real",
     "check_tensor",
     "check_no_overlap",
+    "byte_span",
     "dtype_holds",
     "is_int",
 ]
@@ -113,7 +114,7 @@ def check_tensor(name: str, t: object, *, dtypes=None, device=None, host_ok: boo
     return t
 
 
-def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last) bytes of storage that ``t`` can touch."""
     if t.numel() == 0:
         return 0, 0
@@ -126,8 +127,8 @@ def check_no_overlap(dst_name: str, dst: torch.Tensor, src_name: str, src: torch
     """Raise ``ValueError`` when ``src`` may share memory with ``dst`` (a read would see this launch's writes)."""
     if src is None or src.device != dst.device or src.numel() == 0 or dst.numel() == 0:
         return
-    a0, a1 = _byte_span(dst)
-    b0, b1 = _byte_span(src)
+    a0, a1 = byte_span(dst)
+    b0, b1 = byte_span(src)
     if a0 < b1 and b0 < a1:
         raise ValueError(f"{src_name} overlaps {dst_name} in memory: a staging source must not share "
                          f"storage with the buffer it is written into")

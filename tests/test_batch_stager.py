@@ -62,15 +62,6 @@ CONFIGS = {
 }
 
 
-CONFIGS = {
-    "text": dict(media=False, slots=False),
-    "media+slots": dict(),
-    "repeat+scale": dict(expand="repeat", text_scale=0.5),
-    "int32+vocab+not-owner": dict(ids_dtype=torch.int32, vocab=((10, 57), 80), media_owner=False),
-    "strided": dict(strided=True),
-}
-
-
 class Recorder:
     """Stands in for the kernel launcher: records every launch's arguments, pointers as integers."""
 

@@ -15,7 +15,7 @@ import torch
 
 from .errors import check_error_word
 from .launch import int_spec, launch_hooks_set
-from ..checks import INT32_MAX, check_real
+from ..checks import INT32_MAX, byte_span, check_real
 from .plan import (REQUEST_SLOTS, SLOT_ARGS, SLOTS, MediaPlan, check_destinations, check_embed, check_host_values,
                    check_media, check_no_overlap, check_slab, embed_args, launch_columns, pack_host_inputs,
                    token_args, vocab_bounds)
@@ -149,7 +149,7 @@ class BatchStager:
         base.update((k, v.data_ptr() if isinstance(v, torch.Tensor) else v) for k, v in dst.args.items())
         base.update(errors_ptr=errors, slab_ptr=slab.data_ptr(), stride_slab=slab.shape[1])
         values = [errors if v is None else v for v in base.values()]  # an omitted pointer, as FastLaunch fills it
-        spans = sorted([_span(t) for _, t in dst.spans] + [_span(slab)])
+        spans = sorted([byte_span(t) for _, t in dst.spans] + [byte_span(slab)])
         self._static = values, dst, slab, [s for s, _ in spans], spans, slab.get_device()
 
     def _match(self, batch, pad_to: int):
@@ -202,7 +202,7 @@ class BatchStager:
         if scale is not None and not (type(scale) is float and math.isfinite(scale)):
             scale = check_real("text_scale", scale)
         for t in (table, *(plan.sources if plan is not None else ())):
-            self._apart(*_span(t))
+            self._apart(*byte_span(t))
         key = (side, *form, table.dtype, tshape[1], int_spec(tstride[0]), mform, batch.expand, scale is None,
                batch.media_owner)
         if plan is not None and plan.mode == MEDIA_ITEMS:
@@ -254,12 +254,6 @@ class BatchStager:
         media_width = None if media is None else (media.shape[1] if isinstance(media, torch.Tensor) else sum(
             t.shape[1] for t in (media[0] if isinstance(media[0], tuple) else (media[0],))))
         return launch_columns(slab, table.shape[1], media_width, batch.expand)
-
-
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """Bytes ``[start, end)`` a row-major tensor may touch (an upper bound for strided ones)."""
-    start = t.data_ptr()
-    return start, start + (t.shape[0] * t.stride(0) if t.dim() else 1) * t.element_size()
 
 
 if STAGE is not None:
