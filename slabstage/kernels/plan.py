@@ -131,13 +131,15 @@ def check_token_sources(device, *, input_ids, positions, out_cache_loc=None, mro
     return given, n, b
 
 
+_BITS = {torch.int32: 32, torch.int64: 64}
+
+
 def check_host_values(given: dict, dtypes: dict) -> None:
     """Host inputs whose values their slot's dtype cannot hold are refused (device ones are flagged
     on the device): a narrowing copy is never silent."""
     for name, t in given.items():
         dst = dtypes.get(name)
-        if t.device.type != "cpu" or dst is None or t.numel() == 0 or torch.iinfo(dst).bits >= torch.iinfo(
-                t.dtype).bits:
+        if dst is None or _BITS.get(dst, 64) >= _BITS.get(t.dtype, 0) or t.device.type != "cpu" or t.numel() == 0:
             continue
         info = torch.iinfo(dst)
         values = t.numpy()  # a host tensor: numpy's min and max cost a fraction of torch's
@@ -385,12 +387,16 @@ def check_sources_apart(dst: Destinations, given: dict, slab=None) -> None:
 
 
 # -- host inputs -------------------------------------------------------------------------
-def pack_host_inputs(device: torch.device, parts: dict, scratch=None) -> dict:
+def pack_host_inputs(device: torch.device, parts: dict, scratch=None, addresses: bool = False) -> dict:
     """Every host tensor (and int sequence) of ``parts`` on ``device`` through one pinned buffer and one
-    non-blocking copy. Each part is int64 and starts 16-byte aligned; device tensors pass through."""
+    non-blocking copy. Each part is int64 and starts 16-byte aligned; device tensors pass through.
+
+    ``addresses=True`` returns each part's device address instead of a tensor (the runner's cached path
+    needs only those), and the packed device tensor, to keep alive, under the key ``None``.
+    """
     host = [k for k, v in parts.items() if not isinstance(v, torch.Tensor) or v.device != device]
     if not host:
-        return parts
+        return {k: v.data_ptr() for k, v in parts.items()} if addresses else parts
     flat, offsets, at = [], [], 0
     for k in host:
         v = parts[k]
@@ -406,6 +412,12 @@ def pack_host_inputs(device: torch.device, parts: dict, scratch=None) -> dict:
     dev = scratch(at) if scratch is not None else torch.empty(at, dtype=torch.int64, device=device)
     dev.copy_(pinned, non_blocking=True)
     out = dict(parts)
+    if addresses:
+        base = dev.data_ptr()
+        out = {k: v.data_ptr() for k, v in parts.items() if isinstance(v, torch.Tensor) and v.device == device}
+        out.update((k, base + 8 * start) for k, start in zip(host, offsets))
+        out[None] = dev
+        return out
     for k, start in zip(host, offsets):
         v = parts[k]
         size = v.numel() if isinstance(v, torch.Tensor) else len(v)

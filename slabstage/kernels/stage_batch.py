@@ -205,27 +205,32 @@ class BatchStager:
             self._apart(*byte_span(t))
         key = (side, *form, table.dtype, tshape[1], int_spec(tstride[0]), mform, batch.expand, scale is None,
                batch.media_owner)
+        host = dict(given) if side < 0 else {}  # what travels in the one packed host copy
         if plan is not None and plan.mode == MEDIA_ITEMS:
-            given["items_ptr"] = plan.table
+            host["items_ptr"] = plan.table
         if side < 0:
             check_host_values(given, dst.dtypes)
-            given = pack_host_inputs(slab.device, given, self.buffers.token_scratch)
+        ptrs = pack_host_inputs(slab.device, host, self.buffers.token_scratch, addresses=True) if host else {}
         values = base.copy()
         align = 0
         _, _, _, starts, spans, _ = self._static
         last = len(starts) - 1
         for name, t in given.items():
-            p = t.data_ptr()
             if side >= 0:  # apart from every destination; int64 at most: an overestimate only costs the full path
+                p = t.data_ptr()
                 i = bisect.bisect_right(starts, p) - 1
                 if (i >= 0 and spans[i][1] > p) or (i < last and starts[i + 1] < p + t.numel() * 8):
                     raise ValueError("overlap")
+            else:
+                p = ptrs[name]
             values[_SOURCE_AT[name]] = p
             align |= p
+        if "items_ptr" in ptrs:
+            values[_SOURCE_AT["items_ptr"]] = ptrs["items_ptr"]
         at = _AT
-        mrope = given.get("mrope_positions")
+        mrope = given.get("mrope_positions")  # host rows are packed back to back
         values[at["n"]], values[at["pad_to"]], values[at["b"]] = n, pad_to, b
-        values[at["stride_mrope"]] = mrope.stride(0) if mrope is not None else 0
+        values[at["stride_mrope"]] = 0 if mrope is None else (n if side < 0 and None in ptrs else mrope.stride(0))
         values[at["table_ptr"]] = p = table.data_ptr()
         align |= p
         values[at["stride_table"]] = tstride[0]
@@ -238,7 +243,7 @@ class BatchStager:
             values[at["stride_media"]] = plan.tensor.stride(0) if plan.mode == MEDIA_TENSOR else 0
         if align & 15:
             raise ValueError("alignment")  # the full path launches through another variant
-        return key, values, given
+        return key, values, ptrs  # the packed copy must live until the launch is queued
 
     def _apart(self, start: int, end: int) -> None:
         """Raise unless bytes ``[start, end)`` miss every destination (sorted and apart)."""
