@@ -109,6 +109,7 @@ class BatchStager:
         self.cached_launches = 0  # batches that took the cached path (for tests and profiling)
         self._sig = self._errors = None
         self._static = None
+        self._tables: dict = {}  # item table content -> its device copy
 
     def __call__(self, batch, pad_to: int, signature=None) -> None:
         key = None
@@ -201,16 +202,24 @@ class BatchStager:
         scale = batch.text_scale
         if scale is not None and not (type(scale) is float and math.isfinite(scale)):
             scale = check_real("text_scale", scale)
-        for t in (table, *(plan.sources if plan is not None else ())):
-            self._apart(*byte_span(t))
+        self._apart(*byte_span(table))
+        if plan is not None:
+            for start, end in plan.spans if plan.spans is not None else (byte_span(plan.tensor),):
+                self._apart(start, end)
         key = (side, *form, table.dtype, tshape[1], int_spec(tstride[0]), mform, batch.expand, scale is None,
                batch.media_owner)
         host = dict(given) if side < 0 else {}  # what travels in the one packed host copy
+        items = None
         if plan is not None and plan.mode == MEDIA_ITEMS:
-            host["items_ptr"] = plan.table
+            if side < 0:
+                host["items_ptr"] = plan.table
+            else:
+                items = self._item_table(plan.table)
         if side < 0:
             check_host_values(given, dst.dtypes)
         ptrs = pack_host_inputs(slab.device, host, self.buffers.token_scratch, addresses=True) if host else {}
+        if items is not None:
+            ptrs["items_ptr"], ptrs[None] = items.data_ptr(), items
         values = base.copy()
         align = 0
         _, _, _, starts, spans, _ = self._static
@@ -245,6 +254,17 @@ class BatchStager:
             raise ValueError("alignment")  # the full path launches through another variant
         return key, values, ptrs  # the packed copy must live until the launch is queued
 
+    def _item_table(self, table: list) -> torch.Tensor:
+        """The item table on the device, kept per content: a batch whose items have not moved (a chunked
+        image, an encoder cache, a benchmark) reuses it and skips the host-to-device copy."""
+        key = tuple(table)
+        dev = self._tables.get(key)
+        if dev is None:
+            if len(self._tables) >= _TABLES_KEPT:
+                self._tables.clear()
+            dev = self._tables[key] = pack_host_inputs(self.buffers.device, {"t": table})["t"]
+        return dev
+
     def _apart(self, start: int, end: int) -> None:
         """Raise unless bytes ``[start, end)`` miss every destination (sorted and apart)."""
         _, _, _, starts, spans, _ = self._static
@@ -260,6 +280,8 @@ class BatchStager:
             t.shape[1] for t in (media[0] if isinstance(media[0], tuple) else (media[0],))))
         return launch_columns(slab, table.shape[1], media_width, batch.expand)
 
+
+_TABLES_KEPT = 64  # item tables kept on the device, each a few hundred bytes
 
 if STAGE is not None:
     # the kernel's runtime arguments, each one's position and the defaults of the optional ones
