@@ -244,7 +244,7 @@ def test_merge(device_bench, merge_setup, impl):
     device_bench.extra_info.update(suite=SUITE, impl=impl, case="qwen3_vl merge", tokens=batch.num_tokens,
                                    bucket=bucket, media_rows=int((batch.media_index >= 0).sum()),
                                    host_syncs=syncs, step_wall_ms=_wall_ms(step, STEP_ROUNDS),
-                                   media_items=getattr(ss, "MEDIA_ITEMS", False), **info)
+                                   **info)
 
 
 # -- replay against eager ------------------------------------------------------------------

@@ -46,7 +46,7 @@ on the later row, and a summary at the end of the module.
 
 Without CUDA the device-time benchmarks skip; ``test_*_check`` run every
 implementation at tiny sizes (through the Triton interpreter) against the expected
-slab. The item forms xfail until ``slabstage.MEDIA_ITEMS`` is set.
+slab.
 
 GPU: ``python -m slabstage.bench run --suite media_items`` (JSON to bench/results/media_items.json).
 """
@@ -63,7 +63,6 @@ import torch.nn.functional as F
 from peer_lightllm import image_ranges, lightllm_style_reference, lightllm_style_stage
 from pytest_benchmark.fixture import BenchmarkFixture
 
-import slabstage
 from slabstage import PrefillBatch, PrefillGraphRunner, StagingBuffers, new_error_word, stage_embeddings
 from slabstage.bench import TIMER_PRECISION_S
 from slabstage.models import ToyMultimodalModel
@@ -72,7 +71,6 @@ HAS_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # conftest sets it without CUDA
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 SUITE = "media_items"
-ITEMS = bool(getattr(slabstage, "MEDIA_ITEMS", False))  # the lead sets it when items land
 DTYPE = torch.bfloat16
 VOCAB = 32000
 NUM_ITEMS = 16
@@ -96,9 +94,7 @@ CASE_IMPLS = {
     "graph": ("slabstage", "slabstage_items", "copy_same_bytes"),
     "host": ("slabstage", "slabstage_items"),
 }
-ITEM_IMPLS = {"slabstage_items"}
 COPY_IMPLS = {"copy_h2d", "copy_same_bytes"}
-NO_ITEMS = "media items are not in this slabstage yet (slabstage.MEDIA_ITEMS is unset)"
 
 
 # -- inputs ---------------------------------------------------------------------------
@@ -360,13 +356,6 @@ def _record(bench, case: str, inp: MediaInputs, impl: str, nbytes: int, **info) 
     return shape
 
 
-def _params(case: str, *, timed: bool):
-    """The case's implementations; item forms xfail (checks) or skip (timing) until items land."""
-    mark = (pytest.mark.skip(reason=NO_ITEMS) if timed else
-            pytest.mark.xfail(reason=NO_ITEMS, raises=(TypeError, ValueError, NotImplementedError), strict=False))
-    return [pytest.param(i, marks=mark) if i in ITEM_IMPLS and not ITEMS else i for i in CASE_IMPLS[case]]
-
-
 def _shape_id(shape) -> str:
     return f"{shape[0]}x{shape[1]}"
 
@@ -388,7 +377,7 @@ CHECK_SHAPES = [(200, 96, 5), (256, 64, 16)]  # tokens, width, items: odd and ro
 
 @pytest.mark.parametrize("device", CHECK_DEVICES)
 @pytest.mark.parametrize("shape", CHECK_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}/{s[2]}")
-@pytest.mark.parametrize("impl", _params("items", timed=False))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["items"]))
 def test_items_check(impl, shape, device):
     n, width, items = shape
     build(impl, make_inputs(n, width, device, num_items=items, vocab=1000, seed=n))
@@ -396,14 +385,14 @@ def test_items_check(impl, shape, device):
 
 @pytest.mark.parametrize("device", CHECK_DEVICES)
 @pytest.mark.parametrize("hidden", [24, 16])
-@pytest.mark.parametrize("impl", _params("deepstack", timed=False))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["deepstack"]))
 def test_deepstack_check(impl, hidden, device):
     build(impl, make_inputs(120, hidden * (1 + DEEPSTACK_K), device, num_items=5, blocks=1 + DEEPSTACK_K,
                             text_width=hidden, vocab=1000, seed=hidden))
 
 
 @pytest.mark.parametrize("device", CHECK_DEVICES)
-@pytest.mark.parametrize("impl", _params("pinned", timed=False))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["pinned"]))
 def test_pinned_check(impl, device):
     """Without CUDA the "host" items are plain CPU tensors (CPU torch cannot pin)."""
     inp = make_inputs(200, 96, device, num_items=5, pinned=True, vocab=1000, seed=3)
@@ -413,7 +402,7 @@ def test_pinned_check(impl, device):
 
 
 @pytest.mark.parametrize("device", CHECK_DEVICES)
-@pytest.mark.parametrize("impl", _params("lightllm", timed=False) + ["copy_same_bytes"])
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["lightllm"]) + ["copy_same_bytes"])
 def test_large_paths_check(impl, device):
     """Cases plain and lightllm at a tiny size; the row width is not a power of two (masked columns)."""
     build(impl, make_inputs(160, 80, device, num_items=16, vocab=1000, seed=7, copy_src=True))
@@ -448,7 +437,7 @@ def test_lightllm_style_peer_matches_reference(width):
 
 
 @pytest.mark.parametrize("device", CHECK_DEVICES)
-@pytest.mark.parametrize("impl", _params("graph", timed=False))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["graph"]))
 def test_graph_check(impl, device):
     """Case graph's rotating calls: each set's slab right after one pass (eagerly here; the benchmark replays)."""
     table = torch.randn(1000, 64, device=device, dtype=DTYPE)
@@ -463,7 +452,7 @@ def test_graph_check(impl, device):
             assert torch.equal(inp.slab, inp.expected)
 
 
-@pytest.mark.parametrize("impl", _params("host", timed=False))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["host"]))
 def test_host_check(impl):
     """Case host on CPU: the runner (eager here) gives the one-tensor output with the items."""
     model = ToyMultimodalModel("plain", hidden_size=64, vocab_size=1000, num_layers=1, num_heads=4, seed=0,
@@ -483,7 +472,7 @@ def items_inputs(request):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("impl", _params("items", timed=True))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["items"]))
 def test_items(items_inputs, impl, device_bench):
     inp = items_inputs
     run = build(impl, inp)
@@ -499,7 +488,7 @@ def deepstack_inputs(request):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("impl", _params("deepstack", timed=True))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["deepstack"]))
 def test_deepstack(deepstack_inputs, impl, device_bench):
     inp = deepstack_inputs
     run = build(impl, inp)
@@ -513,7 +502,7 @@ def pinned_inputs(request):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("impl", _params("pinned", timed=True))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["pinned"]))
 def test_pinned(pinned_inputs, impl, device_bench):
     inp = pinned_inputs
     run = build(impl, inp)
@@ -566,7 +555,7 @@ def _record_heldout(bench, inp: MediaInputs, gib_copy) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("impl", _params("plain", timed=True))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["plain"]))
 def test_plain(large_inputs, impl, device_bench, copy_ceiling, gib_copy):
     inp = large_inputs
     run = build(impl, inp)
@@ -582,7 +571,7 @@ def test_plain(large_inputs, impl, device_bench, copy_ceiling, gib_copy):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("impl", _params("lightllm", timed=True))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["lightllm"]))
 def test_lightllm(large_inputs, impl, device_bench, gib_copy):
     inp = large_inputs
     run = build(impl, inp)
@@ -621,7 +610,7 @@ def host_setup():
 @pytest.mark.cuda
 @pytest.mark.parametrize("tokens", HOST_TOKENS)
 @pytest.mark.parametrize("batch", ["reused", "new_per_call"])
-@pytest.mark.parametrize("impl", _params("host", timed=True))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["host"]))
 def test_host(host_setup, impl, batch, tokens, host_bench):
     """Host µs per ``run`` (no sync inside; the device drains between calls); the toy forward is captured."""
     runner, inputs = host_setup
@@ -687,7 +676,7 @@ def graph_inputs(request):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("impl", _params("graph", timed=True))
+@pytest.mark.parametrize("impl", list(CASE_IMPLS["graph"]))
 def test_graph(graph_inputs, impl, device_bench):
     sets = graph_inputs
     calls = [build(impl, inp) for inp in sets]  # compiled, warmed and checked, outside the capture

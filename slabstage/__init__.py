@@ -15,8 +15,6 @@ from .graph_runner import CaptureError, PrefillBatch, PrefillGraphRunner, defaul
 from .staging import (BufferRegistry, RegistryMismatchError, StagingBuffers, WidthContractError,
                       resolve_input_embeds_width)
 
-# media may be given as items (tensors or tuples of column blocks), read in place by the staging kernel
-MEDIA_ITEMS = True
 
 __all__ = [
     "BAD_MEDIA_INDEX",

@@ -7,7 +7,6 @@ from typing import Sequence
 
 import torch
 
-import slabstage as _ss
 
 from ..graph_runner.batch import PrefillBatch
 from ..kernels.media_index import media_index_from_spans
@@ -41,11 +40,6 @@ def _rows(item) -> int:
     return (item[0] if isinstance(item, (tuple, list)) else item).shape[0]
 
 
-def _concat_media(items: list) -> torch.Tensor:
-    """Items as one 2-D tensor (blocks side by side, items end to end): for a slabstage without media items."""
-    return torch.cat([torch.cat(list(i), 1) if isinstance(i, (tuple, list)) else i for i in items], 0)
-
-
 def _media_source_rows(model, ids: torch.Tensor, items: Sequence, num_images: int, k: int) -> torch.Tensor:
     """``int64[L]``: for each placeholder row of the prompt, its row in the request's items laid end to end
     (images, then videos); -1 for text rows. Checks that the placeholder counts match the items' rows."""
@@ -74,14 +68,15 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     rows of the items laid end to end; only the items a chunk touches are included). Also
     ``seq_lens`` (tokens of each request in this batch) and ``extend_start_loc`` (their first
     rows), both int32 on the host, and ``table`` (the model's embedding weights).
-    ``device``: where ``media_index`` lives (default: the embedding table's device).
+    ``device``: where ``media_index`` lives (default: the host, beside the other integer inputs, so
+    that all of them travel to the device in the runner's one packed copy).
 
     Raises ``ValueError`` when a request's placeholder count does not match its items' rows,
     or a chunk lies outside its prompt.
     """
     fam = family_of(model, "pack_requests")
     table = fam.language_model.embed_tokens.weight
-    device = table.device if device is None else torch.device(device)
+    device = torch.device("cpu") if device is None else torch.device(device)
     if not requests:
         raise ValueError("slabstage.hf.pack_requests: no requests")
     ids_parts, pos_parts, mrope_parts, items, spans = [], [], [], [], []
@@ -120,7 +115,7 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     n = dst0
     media = media_index = None
     if items:
-        media = items if getattr(_ss, "MEDIA_ITEMS", False) else _concat_media(items)
+        media = items
         media_index = media_index_from_spans(spans, n, device=device, num_media_rows=media_rows)
     return PrefillBatch(
         input_ids=torch.cat(ids_parts), positions=torch.cat(pos_parts), table=table,
