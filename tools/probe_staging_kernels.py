@@ -111,7 +111,8 @@ def sweep(dev, ceiling_tbps, quick):
     configs = [None, (4096, 4), (4096, 8), (2048, 4), (2048, 2), (1024, 2), (8192, 8), (1024, 4), (512, 1)]
     if quick:
         configs = configs[:4]
-    orig = se.row_launch_config
+    settings = importlib.import_module("slabstage.kernels.plan")  # holds the one launch-settings helper
+    orig = settings.row_launch_config
     for n, W in shapes:
         table, ids, media, mi, is_media = make_case(n, W, dev)
         slab = torch.empty(n, W, device=dev, dtype=torch.bfloat16)
@@ -124,14 +125,14 @@ def sweep(dev, ceiling_tbps, quick):
         row = dict(n=n, W=W, floor_us=floor_us, copy_us=cp_us, configs={})
         for cfg in configs:
             if cfg is not None:
-                se.row_launch_config = lambda width, eb, divides=(), max_block_bytes=8192, c=cfg: c
+                settings.row_launch_config = lambda width, eb, divides=(), max_block_bytes=8192, c=cfg: c
             try:
                 def f(slab=slab, ids=ids, table=table, media=media, mi=mi):
                     return ss.stage_embeddings(slab, ids, table, media=media, media_index=mi)
                 f()
                 us = bench(f)
             finally:
-                se.row_launch_config = orig
+                settings.row_launch_config = orig
             row["configs"][str(cfg)] = dict(us=us, frac_ceiling=floor_us / us, vs_copy=cp_us / us)
         # peer: vLLM-current way (index_put with pinned mask, copy)
         mask_cpu = is_media.cpu().pin_memory()
@@ -267,7 +268,7 @@ def runner_probe(dev):
     batch_dev = ss.PrefillBatch(input_ids=ids, positions=torch.arange(300, device=dev), table=table, media=media,
                                 media_index=mi)
     dev_us = _host_us(lambda: r.run(batch_dev))
-    g, _ = r._graphs[r.last_bucket]
+    g, _ = r.graphs[r.last_bucket]
     replay_us = _host_us(g.replay)
     res = dict(buckets=len(r.buckets), capture_s=cap, host_us_dev_inputs=dev_us, graph_replay_us=replay_us,
                capture_mib=r.capture_bytes / 2**20, replay_equal=same, sync_ok=sync_ok,

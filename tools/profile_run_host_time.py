@@ -45,27 +45,20 @@ hb = ss.PrefillBatch(input_ids=ids[:300].cpu(), positions=torch.arange(300), tab
                      media_index=mi.cpu())
 r.run(batch)
 b = r.last_bucket
-sig = r._signature
-g, out = r._graphs[b]
+sig = r.signature
+g, out = r.graphs[b]
 r.run(batch)
-fast0 = r._stage.fast_launches
+cached0 = r.stager.cached_launches
 r.run(batch)
-run_, fn, meta, tail, cb = next(iter(r._stage._entries.values()))
-st = r._stage._static
-stream = torch._C._cuda_getCurrentRawStream(0)
-args = (st.slab, ids.data_ptr(), table.data_ptr(), media.data_ptr(), mi.data_ptr(), st.errors, 300, b, 0, 1000, 1000,
-        100, 1.0, st.width, 4096, 4096, ids.data_ptr(), batch.positions.data_ptr(), *st.dsts[2:4], *st.dsts[4:6],
-        *st.dsts, 300, b, 0, st.batch_cap, st.mrope_dst_stride, st.mrope_dst_stride, *st.fills, *tail)
 res = {
-    "fast path taken": r._stage.fast_launches > fast0,
+    "cached path taken": r.stager.cached_launches > cached0,
     "run(device inputs)": us(lambda: r.run(batch)),
     "run(text only)": us(lambda: r.run(text)),
     "run(host inputs)": us(lambda: r.run(hb)),
     "bucket_for": us(lambda: r.bucket_for(300)),
     "registry.check": us(lambda: r.registry.check(sig)),
-    "stage (cached path)": us(lambda: r._stage(batch, b, sig)),
-    "kernel launcher alone": us(lambda: run_(b * cb, 1, 1, stream, fn, meta, None, None, None, *args)),
-    "stage (full path)": us(lambda: r._stage(batch, b, None)),
+    "stage (cached path)": us(lambda: r.stager(batch, b, sig)),
+    "stage (full path)": us(lambda: r.stager(batch, b, None)),
     "nvtx push+pop": us(lambda: (range_push("x"), range_pop())),
     "replay": us(g.replay),
     "empty loop": us(lambda: None),

@@ -36,9 +36,9 @@ for n in (16, 256, 1000, 4096):
     r.run(batch)
     r.run(batch)
     b = r.last_bucket
-    graph, _ = r._graphs[b]
-    sig = r._signature
+    graph, _ = r.graphs[b]
+    sig = r.signature
     print(n, b, {"run": us(lambda batch=batch: r.run(batch)),
-                 "stage": us(lambda batch=batch, b=b, sig=sig: r._stage(batch, b, sig)),
+                 "stage": us(lambda batch=batch, b=b, sig=sig: r.stager(batch, b, sig)),
                  "replay": us(graph.replay), "check": us(lambda sig=sig: r.registry.check(sig)),
-                 "fast": r._stage.fast_launches}, flush=True)
+                 "fast": r.stager.cached_launches}, flush=True)

@@ -189,8 +189,8 @@ def runner_case() -> tuple[int, int]:
                 expect_error(buffers.errors, 0, 0, None)
             else:
                 expect_error(buffers.errors, BAD_TOKEN_ID, 1, bad_row)  # read and reset
-    assert NO_CACHING or DEV.type != "cuda" or runner._stage.fast_launches >= 4, runner._stage.fast_launches
-    return replayed, len(runner._graphs)
+    assert NO_CACHING or DEV.type != "cuda" or runner.stager.cached_launches >= 4, runner.stager.cached_launches
+    return replayed, len(runner.graphs)
 
 
 def main() -> None:
