@@ -265,13 +265,16 @@ def _scan_items(media, device, slab_width: int, text_width: int) -> MediaPlan | 
             if len(shape) != 2 or (shape[1] > 1 and stride[1] != 1) or (rows is not None and shape[0] != rows):
                 return None
             rows = shape[0]
-            if rows and t.get_device() != dev and not (dev >= 0 and t.is_pinned()):
+            # get_device() is -1 off CUDA, meta too: a CPU slab asks is_cpu; a CUDA one takes pinned host items
+            on_device = t.is_cpu if dev < 0 else (t.get_device() == dev and t.is_cuda)
+            if rows and not on_device and not (dev >= 0 and t.is_cpu and t.is_pinned()):
                 return None
             if wide and c == 0 and len(blocks) > 1 and shape[1] != text_width:
                 return None
             ptr, w = t.data_ptr(), shape[1]
             if rows:
-                if ptr & 15 or (rows > 1 and stride[0] % vec) or c % vec:
+                # the kernel's 16-byte loads take block columns and masks in whole vectors
+                if ptr & 15 or (rows > 1 and stride[0] % vec) or c % vec or w % vec:
                     aligned = False
                 spans.append((ptr, ptr + ((rows - 1) * stride[0] + w) * _ELEM[dtype]))
             fields += (ptr, stride[0], c, c + w)

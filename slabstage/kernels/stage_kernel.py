@@ -153,9 +153,12 @@ if triton is not None:
                         c_hi = tl.load(fields + 4 * j + 3, mask=read_media, other=0)
                         base = addr.to(tl.pointer_type(media_ptr.dtype.element_ty))
                         start = (mi - first) * stride + (mcol0 - c_lo)
-                        if ITEM_VEC > 1:  # the host checked: addresses, strides and block columns 16-byte aligned
+                        if ITEM_VEC > 1:  # the host checked: addresses, row strides and block columns in 16-byte units
+                            # (the column bounds too: the masks then come in whole vectors, so loads stay 16 bytes)
                             base = tl.multiple_of(base, 16)
                             start = tl.multiple_of(start, ITEM_VEC)
+                            c_lo = tl.multiple_of(c_lo, ITEM_VEC)
+                            c_hi = tl.multiple_of(c_hi, ITEM_VEC)
                         in_block = m_ok & read_media & (m_cols >= c_lo) & (m_cols < c_hi)
                         m = tl.where(in_block, tl.load(base + start + offs, mask=in_block, other=0.0), m)
                 val = tl.where(is_media, cast_to(m, slab_ptr.dtype.element_ty, _SOFT), val)
