@@ -202,7 +202,8 @@ class BatchStager:
         scale = batch.text_scale
         if scale is not None and not (type(scale) is float and math.isfinite(scale)):
             scale = check_real("text_scale", scale)
-        self._apart(*byte_span(table))
+        table_ptr = table.data_ptr()
+        self._apart(table_ptr, table_ptr + tshape[0] * tstride[0] * table.element_size())  # rows are contiguous
         if plan is not None:
             for start, end in plan.spans if plan.spans is not None else (byte_span(plan.tensor),):
                 self._apart(start, end)
@@ -240,8 +241,8 @@ class BatchStager:
         mrope = given.get("mrope_positions")  # host rows are packed back to back
         values[at["n"]], values[at["pad_to"]], values[at["b"]] = n, pad_to, b
         values[at["stride_mrope"]] = 0 if mrope is None else (n if side < 0 and None in ptrs else mrope.stride(0))
-        values[at["table_ptr"]] = p = table.data_ptr()
-        align |= p
+        values[at["table_ptr"]] = table_ptr
+        align |= table_ptr
         values[at["stride_table"]] = tstride[0]
         values[at["vocab_start"]], values[at["vocab_end"]], values[at["vocab_size"]] = bounds
         values[at["text_scale"]] = 1.0 if scale is None else scale
