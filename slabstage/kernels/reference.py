@@ -109,12 +109,13 @@ def _copy_pad(dst: torch.Tensor, src: torch.Tensor | None, n: int, pad_to: int, 
         dst[..., n:pad_to] = fill
 
 
-def stage_token_inputs_reference(slots: list, n: int, pad_to: int, b: int, batch_capacity: int,
-                                 num_tokens_non_padded: torch.Tensor) -> None:
-    """``slots``: (dst, src or None, fill or None, per_request) for each slot to stage."""
-    for dst, src, fill, per_request in slots:
-        if per_request:
-            _copy_pad(dst, src, b, batch_capacity, fill)
-        else:
-            _copy_pad(dst, src, n, pad_to, fill)
-    num_tokens_non_padded.fill_(n)
+def stage_token_inputs_reference(buffers, given: dict, n: int, pad_to: int, b: int) -> None:
+    """The integer half in PyTorch: each slot of ``given`` copied and its tail padded by its slot's policy
+    (per-request slots to ``buffers.max_batch_size``), then the token count."""
+    reg = buffers.registry
+    for name in ("input_ids", "positions", "out_cache_loc", "mrope_positions", "seq_lens", "extend_start_loc"):
+        if name in given:
+            per_request = name in ("seq_lens", "extend_start_loc")
+            _copy_pad(reg[name], given[name], b if per_request else n,
+                      buffers.max_batch_size if per_request else pad_to, reg.slot(name).fill_value)
+    buffers.num_tokens_non_padded.fill_(n)

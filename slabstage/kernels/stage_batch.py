@@ -64,9 +64,7 @@ def _launch(buffers, dst, given: dict, plan, n: int, b: int, pad_to: int, embed:
     index = given.pop("media_index", None)
     items = given.pop("items_ptr", None)
     if not use_triton(slab):  # the references, one after the other
-        reg = buffers.registry
-        slots = [(reg[k], given[k], reg.slot(k).fill_value, k in REQUEST_SLOTS) for k in SLOTS if k in given]
-        stage_token_inputs_reference(slots, n, pad_to, b, dst.batch_cap, buffers.num_tokens_non_padded)
+        stage_token_inputs_reference(buffers, given, n, pad_to, b)
         stage_embeddings_reference(slab, given["input_ids"], embed["table"], plan, index, pad_to=pad_to,
                                    expand=embed["expand"], text_scale=embed["scale"], bounds=embed["bounds"],
                                    media_owner=embed["media_owner"], errors=buffers.errors)

@@ -7,7 +7,7 @@ from functools import partial
 import torch
 
 from ..checks import check_int
-from .plan import (REQUEST_SLOTS, SLOTS, check_destinations, check_host_values, check_sources_apart,
+from .plan import (check_destinations, check_host_values, check_sources_apart,
                    check_token_sources, pack_host_inputs, token_args)
 from .reference import stage_token_inputs_reference
 from .runtime import use_triton
@@ -74,14 +74,12 @@ def plan_stage_token_inputs(buffers, *, input_ids, positions, out_cache_loc=None
 
 
 def _launch(buffers, dst, given: dict, n: int, b: int, pad_to: int) -> None:
-    mrope = given.get("mrope_positions")
     given = pack_host_inputs(buffers.device, given, buffers.token_scratch)
     if not use_triton(buffers.input_ids):
-        reg = buffers.registry
-        slots = [(reg[k], given[k], reg.slot(k).fill_value, k in REQUEST_SLOTS) for k in SLOTS if k in given]
-        stage_token_inputs_reference(slots, n, pad_to, b, dst.batch_cap, buffers.num_tokens_non_padded)
+        stage_token_inputs_reference(buffers, given, n, pad_to, b)
         return
-    args, constexprs = token_args(dst, given, b, given["mrope_positions"].stride(0) if mrope is not None else 0)
+    mrope = given.get("mrope_positions")
+    args, constexprs = token_args(dst, given, b, mrope.stride(0) if mrope is not None else 0)
     args.update(errors_ptr=buffers.errors, ids_ptr=given["input_ids"], n=n, pad_to=pad_to)
     constexprs["EMBED"] = False
     STAGE(max(1, -(-pad_to // TOK_BLOCK)), args, constexprs, 4)
