@@ -22,7 +22,7 @@ def _buffers(width=96, mrope=True):
 
 
 def _batch(n, seed, *, ids_dtype=torch.int64, media=True, slots=True, expand="zeros", text_scale=None,
-           vocab=None, media_owner=True, strided=False, width=96):
+           vocab=None, media_owner=True, strided=False, width=96, items=False):
     g = torch.Generator().manual_seed(seed)
     tw = width if expand == "zeros" else width // 3
     table = torch.randn(57, tw + 8 * strided, generator=g).to(torch.bfloat16)[:, :tw]  # rows 8 apart when strided
@@ -33,6 +33,9 @@ def _batch(n, seed, *, ids_dtype=torch.int64, media=True, slots=True, expand="ze
         kw["vocab_range"], kw["vocab_size"] = vocab
     if media:
         kw["media"] = torch.randn(11, tw, generator=g)  # the slab width, or the text width with expand
+        if items:  # the same rows as items: a tensor, a tuple of column blocks, an empty item, a tensor
+            m = kw["media"]
+            kw["media"] = [m[:4], (m[4:9, :tw // 3].clone(), m[4:9, tw // 3:].clone()), m[9:9], m[9:].clone()]
         spans = [(s, min(3, n - s), (s // 5) % 9) for s in range(0, n, 11) if s + 1 < n]
         kw["media_index"] = ss.media_index_from_spans(spans, n, device="cpu")
     if slots:
@@ -59,6 +62,8 @@ CONFIGS = {
     "repeat+scale": dict(expand="repeat", text_scale=0.5),
     "int32+vocab+not-owner": dict(ids_dtype=torch.int32, vocab=((10, 57), 80), media_owner=False),
     "strided": dict(strided=True),
+    "items": dict(items=True),
+    "items+strided": dict(items=True, strided=True),
 }
 
 
@@ -195,8 +200,15 @@ def test_cached_path_on_the_gpu_equals_the_full_path(config, side):
     for step, (n, pad_to) in enumerate([(37, 48), (37, 48), (1, 1), (150, 160), (64, 64)]):
         cpu = _batch(n, seed=step, **CONFIGS[config])
         on_device = ("table", "media") if side == "host" else tuple(cpu.__dict__)
-        batch = ss.PrefillBatch(**{k: v.to(dev) if isinstance(v, torch.Tensor) and k in on_device else v
-                                   for k, v in cpu.__dict__.items()})
+        def move(k, v, on_device=on_device):
+            if k not in on_device:
+                return v
+            if isinstance(v, torch.Tensor):
+                return v.to(dev)
+            if k == "media" and isinstance(v, list):  # items: each tensor, or each column block, to the device
+                return [tuple(t.to(dev) for t in x) if isinstance(x, tuple) else x.to(dev) for x in v]
+            return v
+        batch = ss.PrefillBatch(**{k: move(k, v) for k, v in cpu.__dict__.items()})
         for buf in (fast, full):
             for name in buf.registry:
                 t = buf.registry[name]
@@ -208,3 +220,36 @@ def test_cached_path_on_the_gpu_equals_the_full_path(config, side):
             assert torch.equal(a.nan_to_num(123.0), b.nan_to_num(123.0)), (config, step, name)
         assert torch.equal(fast.errors, full.errors)
     assert st.cached_launches == 4
+
+
+def test_overlap_check_agrees_with_brute_force():
+    """The cached path's byte-span check (one span, or many in C loops) against a pairwise check, on random
+    destination layouts: apart, touching, and sharing bytes (views of one storage)."""
+    import random
+
+    class Dst:
+        batch_cap, dtypes = 1, {}
+
+    slab = torch.empty(2, 2)
+    for trial in range(2000):
+        rnd = random.Random(trial)
+        spans, x = [], 0
+        for _ in range(rnd.randint(1, 6)):
+            x += rnd.randint(0, 5)
+            w = rnd.randint(1, 6)
+            spans.append((x, x + w))
+            x += w
+        if rnd.random() < 0.3:
+            a = rnd.randint(0, x)
+            spans = sorted(spans + [(a, a + rnd.randint(1, 5))])
+        st = SB._Static([0], Dst(), slab, spans)
+        queries = [(a, a + rnd.randint(1, 6)) for a in (rnd.randint(0, x + 3) for _ in range(rnd.randint(1, 5)))]
+        apart = [all(e <= s0 or s >= e0 for s0, e0 in spans) for s, e in queries]
+        for (s, e), want in zip(queries, apart):
+            assert st.clear(s, e) == want, (spans, s, e)
+        try:
+            st.apart_all([s for s, _ in queries], [e for _, e in queries])
+            got = True
+        except ValueError:
+            got = False
+        assert got == all(apart), (spans, queries)

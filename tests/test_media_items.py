@@ -25,6 +25,7 @@ from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, Pref
                        StagingBuffers, StagingError, WidthContractError, media_index_from_mask, new_error_word,
                        stage_embeddings)
 from slabstage.kernels import default_error_word
+from slabstage.kernels.plan import row_settings, check_media
 from slabstage.models import VARIANTS, ToyMultimodalModel, make_batch
 
 NO_ROW = 2**31 - 1
@@ -370,6 +371,27 @@ def test_odd_widths_and_block_splits(W, splits, device):
     errors = stage_and_check(poisoned(n + 4, W, BF16, device), ids, randn(g, V, W, F16, device), media=items,
                              media_index=index, pad_to=n + 2)
     assert errors.tolist() == CLEAN
+
+
+@pytest.mark.parametrize("dtype, unit", [(F32, 512), (BF16, 512), (F16, 1024)])
+def test_programs_inside_one_column_block(dtype, unit, device):
+    """Block widths in multiples of a unit (1 KiB of bf16 slab row), split differently per item: BLOCK divides
+    every boundary, so each program's columns lie in one block of every item and the kernel loads it alone."""
+    g = gen(unit)
+    W, V, n = 4 * unit, 19, 31
+    splits = [(unit,) * 4, (2 * unit, unit, unit), (unit, 3 * unit), None, (W,), (3 * unit, unit)]
+    rows = [5, 3, 0, 6, 2, 4]
+    items = make_items(g, rows, W, dtype, device, splits)
+    plan = check_media(items, torch.device(device), W, W, "zeros")
+    slab = poisoned(n + 3, W, BF16, device)
+    block, _, whole = row_settings(slab, W, plan, "zeros")
+    assert whole and unit % block == 0, (block, whole)
+    ids = randint(g, 0, V, n, device=device)
+    index = scattered_index(g, n, rows, sum(rows) + 3, device=device)
+    errors = stage_and_check(slab, ids, randn(g, V, W, BF16, device), media=items, media_index=index, pad_to=n + 2)
+    assert errors.tolist() == CLEAN
+    narrow = make_items(g, [4], W, dtype, device, [(64, W - 64)])  # a boundary 128 bytes of slab row in
+    assert not row_settings(slab, W, check_media(narrow, torch.device(device), W, W, "zeros"), "zeros")[2]
 
 
 @pytest.mark.parametrize("W, Ht, Hm, expand, split", [

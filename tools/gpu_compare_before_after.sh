@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call, by phase: GPU tests, then benchmarks of an older tree (.gpu-old, carried) and of this one
 # in the same session, so that "no worse than before" is one run's ratio.
-#   PHASES="wheels tests items old new old2 new2 hf" TESTS="tests/test_x.py" K="pytest -k expression" bash tools/gpu_compare_before_after.sh
+#   PHASES="wheels tests items old new old2 new2 hf" TESTS="tests/test_x.py" K="pytest -k expression" HF_K=... HF_TESTS=0 bash tools/gpu_compare_before_after.sh
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/slabstage-gpu}
@@ -27,8 +27,10 @@ for phase in ${PHASES:-tests}; do
     old|old2) bench .gpu-old "$phase" bench/bench_stage_embeddings.py bench/bench_graph_runner.py ;;
     new|new2) bench . "$phase" bench/bench_stage_embeddings.py bench/bench_graph_runner.py ;;
     hf) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-        PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m pytest tests/test_hf_models.py -q -p no:cacheprovider -rfE \
-          > "$OUT/hf_tests.log" 2>&1; echo "hf tests: $(tail -1 "$OUT/hf_tests.log")"
-        EXTRA_PATH=/tmp/site K= bench . hf bench/bench_hf.py ;;
+        if [ "${HF_TESTS:-1}" != 0 ]; then
+          PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m pytest tests/test_hf_models.py -q -p no:cacheprovider -rfE \
+            > "$OUT/hf_tests.log" 2>&1; echo "hf tests: $(tail -1 "$OUT/hf_tests.log")"
+        fi
+        EXTRA_PATH=/tmp/site K=${HF_K:-} bench . hf bench/bench_hf.py ;;
   esac
 done

@@ -17,6 +17,7 @@ an unknown launcher convention) goes through the ordinary JIT call, by keyword.
 from __future__ import annotations
 
 import inspect
+import types
 
 import torch
 
@@ -70,14 +71,22 @@ class Variant:
     ordinary path.
     """
 
-    __slots__ = ("ptr_at", "spec_at", "specs", "run", "function", "metadata", "tail", "device_index", "_stream")
+    __slots__ = ("ptr_at", "spec_at", "specs", "run", "function", "head", "tail", "device_index", "_stream")
 
     def __init__(self, launcher: "FastLaunch", kernel, tail: tuple, values: list, device_index: int) -> None:
         self.ptr_at, self.spec_at = launcher.ptr_at, launcher.spec_at
         self.specs = tuple(int_spec(values[i]) for i in self.spec_at)
-        self.run, self.function, self.metadata, self.tail = kernel.run, kernel.function, kernel.packed_metadata, tail
-        self.device_index = device_index
+        self.function, self.tail, self.device_index = kernel.function, tail, device_index
         self._stream = torch._C._cuda_getCurrentRawStream
+        run = kernel.run
+        self.run, self.head = run, (kernel.packed_metadata, None, None, None)
+        c_launch = getattr(run, "launch", None)
+        if (isinstance(c_launch, types.BuiltinFunctionType) and getattr(run, "global_scratch_size", 1) == 0
+                and getattr(run, "profile_scratch_size", 1) == 0 and hasattr(run, "launch_pdl")):
+            # the launcher's compiled entry point, without its Python wrapper (which only adds the
+            # cooperative-grid and PDL switches and the scratch buffers, none here): a microsecond a launch
+            self.run = c_launch
+            self.head = (run.launch_cooperative_grid, run.launch_pdl, None, None, *self.head)
 
     def launch(self, grid0: int, values: list, trusted: bool = False) -> bool:
         """Launch, unless the values would make another variant. ``trusted``: the caller has checked that
@@ -91,8 +100,7 @@ class Variant:
             for i, spec in zip(self.spec_at, self.specs):
                 if int_spec(values[i]) != spec:
                     return False
-        self.run(grid0, 1, 1, self._stream(self.device_index), self.function, self.metadata, None, None, None,
-                 *values, *self.tail)
+        self.run(grid0, 1, 1, self._stream(self.device_index), self.function, *self.head, *values, *self.tail)
         return True
 
 

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import (FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_choice, check_int, check_no_overlap, check_real,
-                      check_fill, check_tensor)
+from ..checks import (FLOAT_DTYPES, INT32_MAX, INT_DTYPES, byte_span, check_choice, check_int, check_no_overlap,
+                      check_real, check_fill, check_tensor)
 from ..staging.width import WidthContractError, check_media_width, check_source_width
 from .runtime import next_pow2, row_launch_config
 from .stage_kernel import MEDIA_ITEMS, MEDIA_NONE, MEDIA_TENSOR
 
 __all__ = ["SLOTS", "REQUEST_SLOTS", "SLOT_ARGS", "MediaPlan", "Destinations", "check_destinations",
            "check_token_sources", "check_host_values", "check_slab", "check_media", "check_embed",
-           "check_sources_apart", "embed_args", "launch_columns", "token_args", "pack_host_inputs", "vocab_bounds"]
+           "check_sources_apart", "embed_args", "INT_BITS", "row_settings", "token_args", "pack_host_inputs",
+           "vocab_bounds"]
 
 SLOTS = ("input_ids", "positions", "out_cache_loc", "mrope_positions", "seq_lens", "extend_start_loc")
 REQUEST_SLOTS = ("seq_lens", "extend_start_loc")
@@ -131,7 +132,7 @@ def check_token_sources(device, *, input_ids, positions, out_cache_loc=None, mro
     return given, n, b
 
 
-_BITS = {torch.int32: 32, torch.int64: 64}
+INT_BITS = {torch.int32: 32, torch.int64: 64}
 
 
 def check_host_values(given: dict, dtypes: dict) -> None:
@@ -139,7 +140,7 @@ def check_host_values(given: dict, dtypes: dict) -> None:
     on the device): a narrowing copy is never silent."""
     for name, t in given.items():
         dst = dtypes.get(name)
-        if dst is None or _BITS.get(dst, 64) >= _BITS.get(t.dtype, 0) or t.device.type != "cpu" or t.numel() == 0:
+        if dst is None or INT_BITS.get(dst, 64) >= INT_BITS.get(t.dtype, 0) or t.device.type != "cpu" or t.numel() == 0:
             continue
         info = torch.iinfo(dst)
         values = t.numpy()  # a host tensor: numpy's min and max cost a fraction of torch's
@@ -179,12 +180,14 @@ def vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, in
 class MediaPlan:
     """Media checked and laid out for the kernel: one tensor, or items and their table."""
 
-    __slots__ = ("mode", "tensor", "rows", "width", "dtype", "items", "table", "blocks", "vec", "spans")
+    __slots__ = ("mode", "tensor", "rows", "width", "dtype", "items", "table", "blocks", "vec", "grain", "spans",
+                 "hull")
 
-    def __init__(self, mode, tensor, rows, width, dtype, items=(), table=(), blocks=1, vec=1):
+    def __init__(self, mode, tensor, rows, width, dtype, items=(), table=(), blocks=1, vec=1, grain=0):
         self.mode, self.tensor, self.rows, self.width, self.dtype = mode, tensor, rows, width, dtype
         self.items, self.table, self.blocks, self.vec = items, table, blocks, vec
-        self.spans = None  # the items' bytes [start, end), for the overlap check
+        self.grain = grain  # the OR of every read column block's width: its lowest bit divides each boundary
+        self.spans = self.hull = None  # the items' bytes: (starts, ends) and their hull, for the overlap check
 
     @property
     def num_items(self) -> int:
@@ -212,12 +215,13 @@ def _item_device_ok(t: torch.Tensor, device) -> bool:
 _ANCHORS: dict = {}
 
 
-def _dtype_anchor(device, dtype) -> torch.Tensor:
-    """A one-element tensor on ``device`` that tells the kernel the items' dtype (it reads nothing from it)."""
-    t = _ANCHORS.get((device, dtype))
+def _dtype_anchor(device, dev: int, dtype) -> torch.Tensor:
+    """A small tensor on ``device`` (index ``dev``) that tells the kernel the items' dtype (it reads nothing
+    from it)."""
+    t = _ANCHORS.get((dev, dtype))
     if t is None:
         with torch.inference_mode(False):
-            t = _ANCHORS[(device, dtype)] = torch.zeros(8, dtype=dtype, device=device)
+            t = _ANCHORS[(dev, dtype)] = torch.zeros(8, dtype=dtype, device=device)
     return t
 
 
@@ -241,63 +245,108 @@ def check_media(media, device, slab_width: int, text_width: int, expand: str) ->
 
 
 def _scan_items(media, device, slab_width: int, text_width: int) -> MediaPlan | None:
-    """The items' plan in one pass of cheap reads (a few hundred ns a block), or None when anything is off."""
+    """The items' plan in one pass of cheap reads (about 0.4 us a block), or None when anything is off
+    (the item-by-item check then names it). Runs per batch on the runner's cached path: keep it lean."""
     dev = -1 if device.type == "cpu" else device.index
-    if not media:
+    if dev is None:  # "cuda": the current device
+        dev = torch.cuda.current_device() if device.type == "cuda" else -1
+    try:
+        first = media[0]
+        dtype = (first[0] if type(first) is tuple else first).dtype
+        elem = _ELEM[dtype]
+    except (IndexError, TypeError, AttributeError, KeyError):
         return None
-    first = media[0][0] if type(media[0]) is tuple and media[0] else media[0]
-    if not isinstance(first, torch.Tensor):
-        return None
-    dtype = first.dtype
-    if dtype not in FLOAT_DTYPES:
-        return None
-    vec = 16 // _ELEM[dtype]
-    starts, fields, spans, items = [], [], [], []
-    width, at, aligned, blocks_max = None, 0, True, 1
+    on_cuda = dev >= 0
     wide = slab_width > text_width
-    for item in media:
-        blocks = item if type(item) is tuple else (item,)
-        rows, c = None, 0
-        for t in blocks:
-            if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+    starts, fields, lows, highs, items = [], [], [], [], []
+    width, at, align, ealign, grain, blocks_max = None, 0, 0, 0, 0, 1
+    try:
+        for item in media:
+            if type(item) is not tuple:  # one tensor: the usual item, read inline
+                if item.dtype is not dtype:  # dtypes are singletons; a non-tensor has no dtype
+                    return None
+                r, w = item.shape  # not 2-D: ValueError
+                s0, s1 = item.stride()
+                if w != width:
+                    if width is not None:
+                        return None
+                    width = w
+                if r:
+                    if w > 1 and s1 != 1:
+                        return None
+                    if item.get_device() != dev or not (on_cuda or item.is_cpu):  # -1 is meta too: ask is_cpu
+                        if not (on_cuda and item.is_cpu and item.is_pinned()):  # a pinned host item, read in place
+                            return None
+                    ptr = item.data_ptr()
+                    align |= ptr
+                    if r > 1:
+                        ealign |= s0
+                    lows.append(ptr)
+                    highs.append(ptr + ((r - 1) * s0 + w) * elem)
+                else:
+                    ptr = 0
+                fields += (ptr, s0, 0, w)
+                starts.append(at)
+                at += r
+                items.append((item,))
+                continue
+            blocks = item
+            rows, c = -1, 0
+            for t in blocks:
+                if t.dtype is not dtype:  # dtypes are singletons; a non-tensor has no dtype
+                    return None
+                r, w = t.shape  # not 2-D: ValueError
+                s0, s1 = t.stride()
+                if rows < 0:
+                    rows = r
+                elif r != rows:
+                    return None
+                if wide and c == 0 and len(blocks) > 1 and w != text_width:
+                    return None
+                if r:
+                    if w > 1 and s1 != 1:
+                        return None
+                    if t.get_device() != dev or not (on_cuda or t.is_cpu):
+                        if not (on_cuda and t.is_cpu and t.is_pinned()):
+                            return None
+                    ptr = t.data_ptr()
+                    # the kernel's 16-byte loads take addresses, row strides and block columns in whole vectors
+                    align |= ptr
+                    ealign |= w | (s0 if r > 1 else 0)
+                    grain |= w
+                    lows.append(ptr)
+                    highs.append(ptr + ((r - 1) * s0 + w) * elem)
+                else:
+                    ptr = 0
+                fields += (ptr, s0, c, c + w)
+                c += w
+            if rows < 0 or (width is not None and c != width):
                 return None
-            shape, stride = t.shape, t.stride()
-            if len(shape) != 2 or (shape[1] > 1 and stride[1] != 1) or (rows is not None and shape[0] != rows):
-                return None
-            rows = shape[0]
-            # get_device() is -1 off CUDA, meta too: a CPU slab asks is_cpu; a CUDA one takes pinned host items
-            on_device = t.is_cpu if dev < 0 else (t.get_device() == dev and t.is_cuda)
-            if rows and not on_device and not (dev >= 0 and t.is_cpu and t.is_pinned()):
-                return None
-            if wide and c == 0 and len(blocks) > 1 and shape[1] != text_width:
-                return None
-            ptr, w = t.data_ptr(), shape[1]
-            if rows:
-                # the kernel's 16-byte loads take block columns and masks in whole vectors
-                if ptr & 15 or (rows > 1 and stride[0] % vec) or c % vec or w % vec:
-                    aligned = False
-                spans.append((ptr, ptr + ((rows - 1) * stride[0] + w) * _ELEM[dtype]))
-            fields += (ptr, stride[0], c, c + w)
-            c += w
-        if rows is None or (width is not None and c != width):
-            return None
-        width = c
-        starts.append(at)
-        at += rows
-        items.append(blocks)
-        if len(blocks) > blocks_max:
-            blocks_max = len(blocks)
+            width = c
+            starts.append(at)
+            at += rows
+            items.append(blocks)
+            if len(blocks) > blocks_max:
+                blocks_max = len(blocks)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if width is None:
+        return None
+    vec = 16 // elem  # 16-byte loads need addresses (bytes), row strides and block columns (elements) to allow them
+    aligned = not (align & 15) and not ((ealign | width) & (vec - 1))
+    grain |= width
     if blocks_max & (blocks_max - 1):  # a power of two of blocks per item: fewer compiled variants
         blocks_max = next_pow2(blocks_max)
-    if any(len(b) != blocks_max for b in items):  # pad every item's fields to blocks_max (empty column ranges)
+    if blocks_max > 1 and any(len(b) != blocks_max for b in items):  # pad every item's fields to blocks_max
         padded, k = [], 0
         for b in items:
             padded += fields[k:k + 4 * len(b)] + [0, 0, width, width] * (blocks_max - len(b))
             k += 4 * len(b)
         fields = padded
-    plan = MediaPlan(MEDIA_ITEMS, _dtype_anchor(device, dtype), at, width, dtype, items=tuple(items),
-                     table=starts + fields, blocks=blocks_max, vec=vec if aligned else 1)
-    plan.spans = spans
+    plan = MediaPlan(MEDIA_ITEMS, _dtype_anchor(device, dev, dtype), at, width, dtype, items=tuple(items),
+                     table=starts + fields, blocks=blocks_max, vec=vec if aligned else 1, grain=grain)
+    plan.spans = lows, highs
+    plan.hull = (min(lows), max(highs)) if lows else None
     return plan
 
 
@@ -369,22 +418,41 @@ def check_embed(slab, table, n: int, *, media=None, media_index=None, pad_to=Non
     pad_to = n if pad_to is None else check_int("pad_to", pad_to, lo=n, hi=rows)
     scale = None if text_scale is None else check_real("text_scale", text_scale)
     bounds = vocab_bounds(vocab_range, vocab_size, table.shape[0])
-    for name, src in (("table", table), *(plan.named_sources() if plan is not None else ())):
-        check_no_overlap("the slab", slab, name, src)
+    check_no_overlap("the slab", slab, "table", table)
+    if plan is not None:
+        if plan.spans is not None and slab.numel():  # items: every span in one loop; names only on a hit
+            start, end = byte_span(slab)
+            sources = plan.named_sources() if any(lo < end and hi > start for lo, hi in zip(*plan.spans)) else ()
+        else:
+            sources = plan.named_sources()
+        for name, src in sources:
+            check_no_overlap("the slab", slab, name, src)
     return pad_to, plan, bounds, scale
 
 
-def _row_settings(slab, text_width: int, media_width: int | None, expand: str) -> tuple[int, int]:
-    """(BLOCK, num_warps) of the embedding half: a tiled ("repeat") source needs whole pieces."""
-    width = slab.shape[1]
+_WHOLE_MIN_BYTES = 1024  # ITEM_WHOLE only where the column blocks allow row pieces of at least this
+
+
+def row_settings(slab, text_width: int, plan: MediaPlan | None, expand: str) -> tuple[int, int, bool]:
+    """(BLOCK, num_warps, ITEM_WHOLE) of the embedding half.
+
+    A tiled ("repeat") source needs whole pieces. Items in column blocks: where a
+    power of two of at least ``_WHOLE_MIN_BYTES`` divides every block width, BLOCK
+    is capped at it, so that each program's columns lie in one block of every item
+    and the kernel loads them once (ITEM_WHOLE); otherwise it loads every block
+    under a column mask.
+    """
+    width, elem = slab.shape[1], slab.element_size()
+    media_width = plan.width if plan is not None else None
     tiled = tuple(w for w in (text_width, media_width) if w is not None and expand == "repeat" and w < width)
-    return row_launch_config(width, slab.element_size(), divides=tiled)
-
-
-def launch_columns(slab, text_width: int, media_width: int | None, expand: str) -> int:
-    """Programs per slab row of the embedding half."""
-    block, _ = _row_settings(slab, text_width, media_width, expand)
-    return -(-slab.shape[1] // block)
+    max_bytes, whole = 8192, False
+    if plan is not None and plan.mode == MEDIA_ITEMS and plan.blocks > 1 and plan.grain:
+        unit = plan.grain & -plan.grain  # the largest power of two dividing every block width
+        whole = unit * elem >= _WHOLE_MIN_BYTES
+        if whole:
+            max_bytes = min(max_bytes, unit * elem)
+    block, num_warps = row_launch_config(width, elem, divides=tiled, max_block_bytes=max_bytes)
+    return block, num_warps, whole
 
 
 def embed_args(slab, table, plan: MediaPlan | None, bounds, scale, *, expand, media_owner, has_index: bool):
@@ -394,7 +462,7 @@ def embed_args(slab, table, plan: MediaPlan | None, bounds, scale, *, expand, me
     media_width = plan.width if plan is not None else width
     text_tiled = expand == "repeat" and text_width < width
     media_tiled = plan is not None and expand == "repeat" and media_width < width
-    block, num_warps = _row_settings(slab, text_width, plan.width if plan is not None else None, expand)
+    block, num_warps, whole = row_settings(slab, text_width, plan, expand)
     cols = (width + block - 1) // block
     # an index without media still marks media rows: each is then past the (zero) media rows, and flagged
     mode = MEDIA_NONE if not has_index else (plan.mode if plan is not None else MEDIA_TENSOR)
@@ -407,6 +475,7 @@ def embed_args(slab, table, plan: MediaPlan | None, bounds, scale, *, expand, me
                       TEXT_TILED=text_tiled, MEDIA_TILED=media_tiled, MEDIA_MODE=mode,
                       ITEM_BLOCKS=plan.blocks if plan is not None else 1,
                       ITEM_VEC=plan.vec if plan is not None and block % max(plan.vec, 1) == 0 else 1,
+                      ITEM_WHOLE=whole,
                       MEDIA_OWNER=media_owner and plan is not None, HAS_SCALE=scale is not None)
     return args, constexprs, cols, num_warps
 
@@ -446,30 +515,34 @@ def pack_host_inputs(device: torch.device, parts: dict, scratch=None, addresses:
     ``addresses=True`` returns each part's device address instead of a tensor (the runner's cached path
     needs only those), and the packed device tensor, to keep alive, under the key ``None``.
     """
-    host = [k for k, v in parts.items() if not isinstance(v, torch.Tensor) or v.device != device]
+    on_cuda = device.type == "cuda"  # (inputs on another device were refused before this)
+    host = [k for k, v in parts.items() if not isinstance(v, torch.Tensor) or (on_cuda and v.is_cpu)]
     if not host:
         return {k: v.data_ptr() for k, v in parts.items()} if addresses else parts
     flat, offsets, at = [], [], 0
     for k in host:
         v = parts[k]
-        t = v.reshape(-1) if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.int64)
-        flat.append(t)
+        if not isinstance(v, torch.Tensor):
+            v = torch.tensor(v, dtype=torch.int64)
+        elif v.dim() != 1:
+            v = v.reshape(-1)
+        flat.append(v)
         offsets.append(at)
-        at += t.shape[0]
+        at += v.shape[0]
         if at & 1:  # keep every part 16-byte aligned
             flat.append(_ONE)
             at += 1
-    pinned = torch.empty(at, dtype=torch.int64, pin_memory=device.type == "cuda")
+    pinned = torch.empty(at, dtype=torch.int64, pin_memory=on_cuda)
     torch.cat(flat, out=pinned)  # one host op, casting int32 parts
     dev = scratch(at) if scratch is not None else torch.empty(at, dtype=torch.int64, device=device)
     dev.copy_(pinned, non_blocking=True)
-    out = dict(parts)
     if addresses:
         base = dev.data_ptr()
-        out = {k: v.data_ptr() for k, v in parts.items() if isinstance(v, torch.Tensor) and v.device == device}
+        out = {k: v.data_ptr() for k, v in parts.items() if isinstance(v, torch.Tensor) and k not in host}
         out.update((k, base + 8 * start) for k, start in zip(host, offsets))
         out[None] = dev
         return out
+    out = dict(parts)
     for k, start in zip(host, offsets):
         v = parts[k]
         size = v.numel() if isinstance(v, torch.Tensor) else len(v)

@@ -8,6 +8,7 @@ of two. At small batches the host, not the GPU, bounds a prefill step.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from functools import partial
 
@@ -16,12 +17,12 @@ import torch
 from .errors import check_error_word
 from .launch import int_spec, launch_hooks_set
 from ..checks import INT32_MAX, byte_span, check_real
-from .plan import (REQUEST_SLOTS, SLOT_ARGS, SLOTS, MediaPlan, check_destinations, check_embed, check_host_values,
-                   check_media, check_no_overlap, check_slab, embed_args, launch_columns, pack_host_inputs,
+from .plan import (INT_BITS, REQUEST_SLOTS, SLOT_ARGS, SLOTS, check_destinations, check_embed, check_host_values,
+                   check_media, check_no_overlap, check_slab, embed_args, pack_host_inputs,
                    token_args, vocab_bounds)
 from .reference import stage_embeddings_reference, stage_token_inputs_reference
 from .runtime import use_triton
-from .stage_kernel import MEDIA_ITEMS, MEDIA_TENSOR, STAGE
+from .stage_kernel import MEDIA_ITEMS, STAGE
 from .stage_token_inputs import check_token_batch
 
 __all__ = ["plan_stage_batch", "BatchStager"]
@@ -37,8 +38,8 @@ def plan_stage_batch(buffers, *, input_ids, positions, table, out_cache_loc=None
     :func:`stage_embeddings` into ``buffers.input_embeds`` (text ids read from
     ``input_ids``, errors into ``buffers.errors``). Integer inputs (``media_index``
     too) may be host tensors: they travel with the media item table in one packed
-    non-blocking copy. Calling the result returns the compiled variant it launched
-    through (for :class:`BatchStager`), or None.
+    non-blocking copy. Calling the result returns ``(compiled variant, programs per
+    slab row)`` of the launch (for :class:`BatchStager`), or None.
     """
     dst, given, n, b, pad_to = check_token_batch(
         buffers, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
@@ -79,7 +80,8 @@ def _launch(buffers, dst, given: dict, plan, n: int, b: int, pad_to: int, embed:
         args["media_index_ptr"] = index
     if items is not None:
         args["items_ptr"] = items
-    return STAGE(max(1, pad_to * cols), args, {**constexprs, **tok_constexprs}, num_warps)
+    variant = STAGE(max(1, pad_to * cols), args, {**constexprs, **tok_constexprs}, num_warps)
+    return None if variant is None else (variant, cols)
 
 
 class BatchStager:
@@ -125,14 +127,14 @@ class BatchStager:
                     if entry is not None and entry[0].launch(max(1, pad_to * entry[1]), values, trusted=True):
                         self.cached_launches += 1
                         return
-        variant = plan_stage_batch(
+        launched = plan_stage_batch(
             self.buffers, input_ids=batch.input_ids, positions=batch.positions, table=batch.table,
             out_cache_loc=batch.out_cache_loc, mrope_positions=batch.mrope_positions, seq_lens=batch.seq_lens,
             extend_start_loc=batch.extend_start_loc, media=batch.media, media_index=batch.media_index,
             expand=batch.expand, text_scale=batch.text_scale, vocab_range=batch.vocab_range,
             vocab_size=batch.vocab_size, media_owner=batch.media_owner, pad_to=pad_to)()
-        if key is not None and variant is not None:
-            self.variants[key] = variant, self._cols(batch)
+        if key is not None and launched is not None:
+            self.variants[key] = launched
 
     def _refresh(self, signature) -> None:
         """Check and read the buffers' side of the launch under ``signature``; forget every variant."""
@@ -149,109 +151,121 @@ class BatchStager:
         base.update(errors_ptr=errors, slab_ptr=slab.data_ptr(), stride_slab=slab.shape[1])
         values = [errors if v is None else v for v in base.values()]  # an omitted pointer, as FastLaunch fills it
         spans = sorted([byte_span(t) for _, t in dst.spans] + [byte_span(slab)])
-        self._static = values, dst, slab, [s for s, _ in spans], spans, slab.get_device()
+        self._static = _Static(values, dst, slab, spans)
 
     def _match(self, batch, pad_to: int):
         """``(configuration key, launch values, what must outlive the launch)``; raises on anything the
-        full path must look at. Checks only what can differ between batches of one configuration."""
-        base, dst, slab, _, _, dev = self._static
+        full path must look at. Checks only what can differ between batches of one configuration.
+        Runs on every cached launch: every read here costs host time, so each is made once."""
+        st = self._static
         ids, table, media = batch.input_ids, batch.table, batch.media
         n = ids.shape[0]
-        if type(pad_to) is not int or not 0 < n <= pad_to <= slab.shape[0]:
+        if type(pad_to) is not int or not 0 < n <= pad_to <= st.rows:
             raise ValueError("pad_to")
         side = ids.get_device()
-        given, form = {}, []
-        b = None
-        for name in _SOURCES:  # the integer slots, then media_index
-            t = batch.media_index if name == "media_index" else getattr(batch, name)
+        values = st.values.copy()
+        key = [side]
+        given = []  # (name, position, tensor)
+        narrow = None  # sources wider than their slot (a host one is checked here; a device one flagged there)
+        bits = st.bits
+        b = -1
+        for name, at, kind in _SOURCE_SPECS:  # the integer slots, then media_index
+            t = getattr(batch, name)
             if t is None:
-                form.append(None)
+                key.append(None)
                 continue
-            if name in REQUEST_SLOTS:
-                b = t.shape[0] if b is None else b
-                want = (b,)
+            shape = t.shape
+            if kind == _PER_REQUEST:
+                if b < 0:
+                    b = shape[0] if len(shape) == 1 else -1
+                ok, length = shape == (b,), b
             else:
-                want = (3, n) if name == "mrope_positions" else (n,)
-            if t.shape != want or t.get_device() != side or (want[-1] > 1 and t.stride(-1) != 1):
+                ok, length = shape == ((3, n) if kind == _MROPE else (n,)), n
+            if not ok or t.get_device() != side or (length > 1 and t.stride(-1) != 1):
                 raise ValueError(name)
-            given[name] = t
-            form.append(t.dtype)
-        b = b or 0
-        if b > dst.batch_cap:
+            given.append((name, at, t))
+            dtype = t.dtype
+            key.append(dtype)
+            if INT_BITS.get(dtype, 0) > bits.get(name, 64):  # as check_host_values decides
+                narrow = {**(narrow or {}), name: t}
+        b = max(b, 0)
+        if b > st.batch_cap:
             raise ValueError("batch size")
         tshape, tstride = table.shape, table.stride()
-        if len(tshape) != 2 or table.get_device() != dev or tstride[1] != 1:
+        if len(tshape) != 2 or table.get_device() != st.dev or tstride[1] != 1:
             raise ValueError("table")
+        table_ptr = table.data_ptr()
+        end = table_ptr + tshape[0] * tstride[0] * table.element_size()  # its rows are contiguous
+        if end > st.lo and table_ptr < st.hi:  # (outside every destination: the usual case, two compares)
+            st.apart(table_ptr, end)
+        at = _AT
+        items = None
         if media is None:
-            plan = mform = None
+            key.append(None)
         elif isinstance(media, torch.Tensor):
             mshape, mstride = media.shape, media.stride()
-            if len(mshape) != 2 or media.get_device() != dev or mstride[1] != 1:
+            if len(mshape) != 2 or media.get_device() != st.dev or mstride[1] != 1:
                 raise ValueError("media")
-            plan = MediaPlan(MEDIA_TENSOR, media, mshape[0], mshape[1], media.dtype)
-            mform = media.dtype, mshape[1], int_spec(mstride[0])
+            p = media.data_ptr()
+            end = p + ((mshape[0] - 1) * mstride[0] + mshape[1]) * media.element_size() if mshape[0] else p
+            if end > st.lo and p < st.hi:
+                st.apart(p, end)
+            key.append((media.dtype, mshape[1], int_spec(mstride[0])))
+            values[at["media_ptr"]], values[at["num_media"]], values[at["stride_media"]] = p, mshape[0], mstride[0]
         else:
-            plan = check_media(media, slab.device, slab.shape[1], tshape[1], batch.expand)
-            mform = plan.dtype, plan.width, plan.blocks, plan.vec
+            plan = check_media(media, st.device, st.width, tshape[1], batch.expand)
+            if plan.hull is not None and not st.clear(*plan.hull):  # all in one gap: the usual case
+                st.apart_all(*plan.spans)
+            key.append((plan.dtype, plan.width, plan.blocks, plan.vec, plan.grain & -plan.grain))
+            values[at["media_ptr"]], values[at["num_media"]], values[at["num_items"]] = \
+                plan.tensor.data_ptr(), plan.rows, plan.num_items
+            items = plan.table
         if batch.vocab_range is None and batch.vocab_size is None and tshape[0] <= INT32_MAX:
-            bounds = 0, tshape[0], tshape[0]
+            values[at["vocab_start"]], values[at["vocab_end"]], values[at["vocab_size"]] = 0, tshape[0], tshape[0]
         else:
-            bounds = vocab_bounds(batch.vocab_range, batch.vocab_size, tshape[0])
+            values[at["vocab_start"]], values[at["vocab_end"]], values[at["vocab_size"]] = \
+                vocab_bounds(batch.vocab_range, batch.vocab_size, tshape[0])
         scale = batch.text_scale
-        if scale is not None and not (type(scale) is float and math.isfinite(scale)):
-            scale = check_real("text_scale", scale)
-        table_ptr = table.data_ptr()
-        self._apart(table_ptr, table_ptr + tshape[0] * tstride[0] * table.element_size())  # rows are contiguous
-        if plan is not None:
-            for start, end in plan.spans if plan.spans is not None else (byte_span(plan.tensor),):
-                self._apart(start, end)
-        key = (side, *form, table.dtype, tshape[1], int_spec(tstride[0]), mform, batch.expand, scale is None,
-               batch.media_owner)
-        host = dict(given) if side < 0 else {}  # what travels in the one packed host copy
-        items = None
-        if plan is not None and plan.mode == MEDIA_ITEMS:
-            if side < 0:
-                host["items_ptr"] = plan.table
-            else:
-                items = self._item_table(plan.table)
-        if side < 0:
-            check_host_values(given, dst.dtypes)
-        ptrs = pack_host_inputs(slab.device, host, self.buffers.token_scratch, addresses=True) if host else {}
-        if items is not None:
-            ptrs["items_ptr"], ptrs[None] = items.data_ptr(), items
-        values = base.copy()
-        align = 0
-        _, _, _, starts, spans, _ = self._static
-        last = len(starts) - 1
-        for name, t in given.items():
-            if side >= 0:  # apart from every destination; int64 at most: an overestimate only costs the full path
+        if scale is not None:
+            if not (type(scale) is float and math.isfinite(scale)):
+                scale = check_real("text_scale", scale)
+            values[at["text_scale"]] = scale
+        key += (table.dtype, tshape[1], int_spec(tstride[0]), batch.expand, scale is None, batch.media_owner)
+        keep = None
+        align = table_ptr | values[at["media_ptr"]]
+        if side >= 0:  # device inputs: apart from every destination (int64 at most: an overestimate only costs
+            lo, hi = st.lo, st.hi
+            for _, pos, t in given:  # the full path)
                 p = t.data_ptr()
-                i = bisect.bisect_right(starts, p) - 1
-                if (i >= 0 and spans[i][1] > p) or (i < last and starts[i + 1] < p + t.numel() * 8):
-                    raise ValueError("overlap")
-            else:
-                p = ptrs[name]
-            values[_SOURCE_AT[name]] = p
-            align |= p
-        if "items_ptr" in ptrs:
-            values[_SOURCE_AT["items_ptr"]] = ptrs["items_ptr"]
-        at = _AT
-        mrope = given.get("mrope_positions")  # host rows are packed back to back
+                end = p + t.numel() * 8
+                if end > lo and p < hi:
+                    st.apart(p, end)
+                values[pos] = p
+                align |= p
+            if items is not None:
+                keep = self._item_table(items)
+                values[at["items_ptr"]] = keep.data_ptr()
+        else:  # host inputs (and the item table) in one packed copy
+            if narrow is not None:
+                check_host_values(narrow, st.dst.dtypes)
+            host = {name: t for name, _, t in given}
+            if items is not None:
+                host["items_ptr"] = items
+            ptrs = pack_host_inputs(st.device, host, self.buffers.token_scratch, addresses=True)
+            keep = ptrs.pop(None, None)
+            for name, pos, _ in given:
+                values[pos] = p = ptrs[name]
+                align |= p
+            if items is not None:
+                values[at["items_ptr"]] = ptrs["items_ptr"]
+        mrope = batch.mrope_positions
+        if mrope is not None:  # packed host rows lie back to back
+            values[at["stride_mrope"]] = n if side < 0 and st.packs_host else mrope.stride(0)
         values[at["n"]], values[at["pad_to"]], values[at["b"]] = n, pad_to, b
-        values[at["stride_mrope"]] = 0 if mrope is None else (n if side < 0 and None in ptrs else mrope.stride(0))
-        values[at["table_ptr"]] = table_ptr
-        align |= table_ptr
-        values[at["stride_table"]] = tstride[0]
-        values[at["vocab_start"]], values[at["vocab_end"]], values[at["vocab_size"]] = bounds
-        values[at["text_scale"]] = 1.0 if scale is None else scale
-        if plan is not None:
-            values[at["media_ptr"]] = p = plan.tensor.data_ptr()
-            align |= p
-            values[at["num_media"]], values[at["num_items"]] = plan.rows, plan.num_items
-            values[at["stride_media"]] = plan.tensor.stride(0) if plan.mode == MEDIA_TENSOR else 0
+        values[at["table_ptr"]], values[at["stride_table"]] = table_ptr, tstride[0]
         if align & 15:
             raise ValueError("alignment")  # the full path launches through another variant
-        return key, values, ptrs  # the packed copy must live until the launch is queued
+        return tuple(key), values, keep  # the packed copy must live until the launch is queued
 
     def _item_table(self, table: list) -> torch.Tensor:
         """The item table on the device, kept per content: a batch whose items have not moved (a chunked
@@ -264,27 +278,60 @@ class BatchStager:
             dev = self._tables[key] = pack_host_inputs(self.buffers.device, {"t": table})["t"]
         return dev
 
-    def _apart(self, start: int, end: int) -> None:
-        """Raise unless bytes ``[start, end)`` miss every destination (sorted and apart)."""
-        _, _, _, starts, spans, _ = self._static
-        i = bisect.bisect_right(starts, start) - 1
-        if (i >= 0 and spans[i][1] > start) or (i + 1 < len(spans) and spans[i + 1][0] < end):
-            raise ValueError("overlap")  # the full path names it
 
-    def _cols(self, batch) -> int:
-        """Programs per slab row for ``batch``'s configuration, as the full path chose them."""
-        slab, table = self.buffers.input_embeds, batch.table
-        media = batch.media
-        media_width = None if media is None else (media.shape[1] if isinstance(media, torch.Tensor) else sum(
-            t.shape[1] for t in (media[0] if isinstance(media[0], tuple) else (media[0],))))
-        return launch_columns(slab, table.shape[1], media_width, batch.expand)
+class _Static:
+    """What the cached path reads of the buffers under one registry signature: the launch values that do
+    not change between batches, and the destinations' byte spans, sorted, for the overlap check."""
+
+    __slots__ = ("values", "dst", "rows", "width", "device", "dev", "packs_host", "batch_cap", "starts", "ends",
+                 "reach", "lo", "hi", "bits", "_right", "_left")
+
+    def __init__(self, values: list, dst, slab: torch.Tensor, spans: list) -> None:
+        self.values, self.dst, self.batch_cap = values, dst, dst.batch_cap
+        self.bits = {name: INT_BITS.get(dtype, 64) for name, dtype in dst.dtypes.items()}  # each slot's width
+        self.rows, self.width, self.device, self.dev = slab.shape[0], slab.shape[1], slab.device, slab.get_device()
+        self.packs_host = self.device.type == "cuda"  # host inputs travel in one packed copy (as pack_host_inputs)
+        self.starts, self.ends = [s for s, _ in spans], [e for _, e in spans]
+        self.reach = list(itertools.accumulate(self.ends, max))  # the furthest end of the spans up to each one
+        self.lo, self.hi = spans[0][0], self.reach[-1]
+        self._right = self._left = None
+        if all(e <= s for e, s in zip(self.ends, self.starts[1:])):  # apart: starts and ends alternate
+            bounds = sorted(self.starts + self.ends)
+            self._right, self._left = partial(bisect.bisect_right, bounds), partial(bisect.bisect_left, bounds)
+
+    def clear(self, start: int, end: int) -> bool:
+        """Whether bytes ``[start, end)`` miss every destination: they lie in one gap between them."""
+        if end <= self.lo or start >= self.hi:  # outside them all: the usual case, two compares
+            return True
+        i = bisect.bisect_right(self.starts, start) - 1
+        return not ((i >= 0 and self.reach[i] > start) or (i + 1 < len(self.starts) and self.starts[i + 1] < end))
+
+    def apart_all(self, starts: list, ends: list) -> None:
+        """:meth:`apart` for every span ``[starts[k], ends[k])``, in C loops: each must lie in a gap
+        between destinations, i.e. as many destination bounds lie at or before its start as before its
+        end, and an even number of them."""
+        if self._right is None:  # destinations that share bytes (views of one storage): one span at a time
+            for start, end in zip(starts, ends):
+                self.apart(start, end)
+            return
+        at_start = list(map(self._right, starts))
+        if at_start != list(map(self._left, ends)) or any(map(_ODD, at_start)):
+            raise ValueError("overlap")
+
+    def apart(self, start: int, end: int) -> None:
+        """Raise unless bytes ``[start, end)`` miss every destination (the full path then names it)."""
+        if not self.clear(start, end):
+            raise ValueError("overlap")
 
 
+_ODD = (1).__and__
 _TABLES_KEPT = 64  # item tables kept on the device, each a few hundred bytes
 
 if STAGE is not None:
     # the kernel's runtime arguments, each one's position and the defaults of the optional ones
     _RUNTIME, _AT, _DEFAULTS = STAGE.runtime, STAGE.at, STAGE.defaults
-    _SOURCES = (*SLOTS, "media_index")
-    _SOURCE_AT = {**{name: _AT[SLOT_ARGS[name][0]] for name in SLOTS}, "media_index": _AT["media_index_ptr"],
-                  "items_ptr": _AT["items_ptr"]}
+    _PER_TOKEN, _PER_REQUEST, _MROPE = 0, 1, 2
+    # each integer source: its name, its pointer's position and its shape kind, then media_index
+    _SOURCE_SPECS = tuple((name, _AT[SLOT_ARGS[name][0]], _PER_REQUEST if name in REQUEST_SLOTS else
+                           _MROPE if name == "mrope_positions" else _PER_TOKEN) for name in SLOTS) + \
+        (("media_index", _AT["media_index_ptr"], _PER_TOKEN),)

@@ -73,6 +73,7 @@ if triton is not None:
         BLOCK: tl.constexpr = 16, COL_BLOCKS: tl.constexpr = 1,
         TEXT_TILED: tl.constexpr = False, MEDIA_TILED: tl.constexpr = False,
         MEDIA_MODE: tl.constexpr = 0, ITEM_BLOCKS: tl.constexpr = 1, ITEM_VEC: tl.constexpr = 1,
+        ITEM_WHOLE: tl.constexpr = False,
         MEDIA_OWNER: tl.constexpr = True, HAS_SCALE: tl.constexpr = False,
         PAD_IDS: tl.constexpr = False, PAD_POS: tl.constexpr = False, PAD_LOC: tl.constexpr = False,
         PAD_MROPE: tl.constexpr = False, PAD_SEQ: tl.constexpr = False, PAD_EXT: tl.constexpr = False,
@@ -145,22 +146,44 @@ if triton is not None:
                     item = tl.maximum(item, 0)
                     first = tl.load(items_ptr + item, mask=read_media, other=0)
                     fields = items_ptr + num_items + item * (ITEM_BLOCKS * 4)
-                    m = tl.zeros((BLOCK,), media_ptr.dtype.element_ty)
-                    for j in tl.static_range(ITEM_BLOCKS):
-                        addr = tl.load(fields + 4 * j, mask=read_media, other=0)
-                        stride = tl.load(fields + 4 * j + 1, mask=read_media, other=0)
-                        c_lo = tl.load(fields + 4 * j + 2, mask=read_media, other=0)
-                        c_hi = tl.load(fields + 4 * j + 3, mask=read_media, other=0)
+                    if ITEM_WHOLE:
+                        # the host made BLOCK divide every block boundary: this program's columns lie in one
+                        # column block of the item; pick its fields with scalar selects, then load once
+                        addr = tl.zeros((), tl.int64)
+                        stride = addr
+                        c_lo = addr
+                        found = mcol0 < 0
+                        for j in tl.static_range(ITEM_BLOCKS):
+                            lo = tl.load(fields + 4 * j + 2, mask=read_media, other=0)
+                            hi = tl.load(fields + 4 * j + 3, mask=read_media, other=0)
+                            hit = (mcol0 >= lo) & (mcol0 < hi)
+                            addr = tl.where(hit, tl.load(fields + 4 * j, mask=read_media, other=0), addr)
+                            stride = tl.where(hit, tl.load(fields + 4 * j + 1, mask=read_media, other=0), stride)
+                            c_lo = tl.where(hit, lo, c_lo)
+                            found = found | hit
                         base = addr.to(tl.pointer_type(media_ptr.dtype.element_ty))
                         start = (mi - first) * stride + (mcol0 - c_lo)
-                        if ITEM_VEC > 1:  # the host checked: addresses, row strides and block columns in 16-byte units
-                            # (the column bounds too: the masks then come in whole vectors, so loads stay 16 bytes)
+                        if ITEM_VEC > 1:
                             base = tl.multiple_of(base, 16)
                             start = tl.multiple_of(start, ITEM_VEC)
-                            c_lo = tl.multiple_of(c_lo, ITEM_VEC)
-                            c_hi = tl.multiple_of(c_hi, ITEM_VEC)
-                        in_block = m_ok & read_media & (m_cols >= c_lo) & (m_cols < c_hi)
-                        m = tl.where(in_block, tl.load(base + start + offs, mask=in_block, other=0.0), m)
+                        m = tl.load(base + start + offs, mask=m_ok & read_media & found, other=0.0)
+                    else:
+                        m = tl.zeros((BLOCK,), media_ptr.dtype.element_ty)
+                        for j in tl.static_range(ITEM_BLOCKS):
+                            addr = tl.load(fields + 4 * j, mask=read_media, other=0)
+                            stride = tl.load(fields + 4 * j + 1, mask=read_media, other=0)
+                            c_lo = tl.load(fields + 4 * j + 2, mask=read_media, other=0)
+                            c_hi = tl.load(fields + 4 * j + 3, mask=read_media, other=0)
+                            base = addr.to(tl.pointer_type(media_ptr.dtype.element_ty))
+                            start = (mi - first) * stride + (mcol0 - c_lo)
+                            if ITEM_VEC > 1:  # the host checked: addresses, row strides and block columns
+                                # in 16-byte units (the bounds too: masks come in whole vectors, loads stay 16 B)
+                                base = tl.multiple_of(base, 16)
+                                start = tl.multiple_of(start, ITEM_VEC)
+                                c_lo = tl.multiple_of(c_lo, ITEM_VEC)
+                                c_hi = tl.multiple_of(c_hi, ITEM_VEC)
+                            in_block = m_ok & read_media & (m_cols >= c_lo) & (m_cols < c_hi)
+                            m = tl.where(in_block, tl.load(base + start + offs, mask=in_block, other=0.0), m)
                 val = tl.where(is_media, cast_to(m, slab_ptr.dtype.element_ty, _SOFT), val)
 
             tl.store(slab_ptr + row * stride_slab + cols, val, mask=col_ok & (row < pad_to))
