@@ -30,7 +30,7 @@ from .stage_kernel import MEDIA_ITEMS, MEDIA_NONE, MEDIA_TENSOR
 __all__ = ["SLOTS", "REQUEST_SLOTS", "SLOT_ARGS", "MediaPlan", "Destinations", "check_destinations",
            "check_token_sources", "check_host_values", "check_slab", "check_media", "check_embed",
            "check_sources_apart", "embed_args", "INT_BITS", "row_settings", "token_args", "pack_host_inputs",
-           "vocab_bounds"]
+           "pack_to_device", "vocab_bounds"]
 
 SLOTS = ("input_ids", "positions", "out_cache_loc", "mrope_positions", "seq_lens", "extend_start_loc")
 REQUEST_SLOTS = ("seq_lens", "extend_start_loc")
@@ -508,20 +508,15 @@ def check_sources_apart(dst: Destinations, given: dict, slab=None) -> None:
 
 
 # -- host inputs -------------------------------------------------------------------------
-def pack_host_inputs(device: torch.device, parts: dict, scratch=None, addresses: bool = False) -> dict:
-    """Every host tensor (and int sequence) of ``parts`` on ``device`` through one pinned buffer and one
-    non-blocking copy. Each part is int64 and starts 16-byte aligned; device tensors pass through.
+def pack_to_device(device: torch.device, parts: list, scratch=None) -> tuple[torch.Tensor, list]:
+    """Host tensors (and int sequences) ``parts`` in one int64 device tensor, through one pinned buffer and
+    one non-blocking copy; ``(device tensor, each part's offset in it)``. Each part starts 16-byte aligned.
 
-    ``addresses=True`` returns each part's device address instead of a tensor (the runner's cached path
-    needs only those), and the packed device tensor, to keep alive, under the key ``None``.
+    ``scratch(numel)``, when given, supplies the device tensor (reused: the copy and the launch that reads
+    it are ordered on the current stream); else a new one is allocated.
     """
-    on_cuda = device.type == "cuda"  # (inputs on another device were refused before this)
-    host = [k for k, v in parts.items() if not isinstance(v, torch.Tensor) or (on_cuda and v.is_cpu)]
-    if not host:
-        return {k: v.data_ptr() for k, v in parts.items()} if addresses else parts
     flat, offsets, at = [], [], 0
-    for k in host:
-        v = parts[k]
+    for v in parts:
         if not isinstance(v, torch.Tensor):
             v = torch.tensor(v, dtype=torch.int64)
         elif v.dim() != 1:
@@ -532,16 +527,21 @@ def pack_host_inputs(device: torch.device, parts: dict, scratch=None, addresses:
         if at & 1:  # keep every part 16-byte aligned
             flat.append(_ONE)
             at += 1
-    pinned = torch.empty(at, dtype=torch.int64, pin_memory=on_cuda)
+    pinned = torch.empty(at, dtype=torch.int64, pin_memory=device.type == "cuda")
     torch.cat(flat, out=pinned)  # one host op, casting int32 parts
     dev = scratch(at) if scratch is not None else torch.empty(at, dtype=torch.int64, device=device)
     dev.copy_(pinned, non_blocking=True)
-    if addresses:
-        base = dev.data_ptr()
-        out = {k: v.data_ptr() for k, v in parts.items() if isinstance(v, torch.Tensor) and k not in host}
-        out.update((k, base + 8 * start) for k, start in zip(host, offsets))
-        out[None] = dev
-        return out
+    return dev, offsets
+
+
+def pack_host_inputs(device: torch.device, parts: dict, scratch=None) -> dict:
+    """``parts`` with every host tensor (and int sequence) replaced by its view of one device tensor, made
+    by :func:`pack_to_device`; device tensors pass through."""
+    on_cuda = device.type == "cuda"  # (inputs on another device were refused before this)
+    host = [k for k, v in parts.items() if not isinstance(v, torch.Tensor) or (on_cuda and v.is_cpu)]
+    if not host:
+        return parts
+    dev, offsets = pack_to_device(device, [parts[k] for k in host], scratch)
     out = dict(parts)
     for k, start in zip(host, offsets):
         v = parts[k]

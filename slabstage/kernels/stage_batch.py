@@ -18,7 +18,7 @@ from .errors import check_error_word
 from .launch import int_spec, launch_hooks_set
 from ..checks import INT32_MAX, byte_span, check_real
 from .plan import (INT_BITS, REQUEST_SLOTS, SLOT_ARGS, SLOTS, check_destinations, check_embed, check_host_values,
-                   check_media, check_no_overlap, check_slab, embed_args, pack_host_inputs,
+                   check_media, check_no_overlap, check_slab, embed_args, pack_host_inputs, pack_to_device,
                    token_args, vocab_bounds)
 from .reference import stage_embeddings_reference, stage_token_inputs_reference
 from .runtime import use_triton
@@ -175,13 +175,15 @@ class BatchStager:
                 key.append(None)
                 continue
             shape = t.shape
-            if kind == _PER_REQUEST:
+            if kind == _PER_TOKEN:  # 1-D: contiguous is stride 1 (is_contiguous() is the cheapest read)
+                ok = shape == (n,) and t.is_contiguous()
+            elif kind == _PER_REQUEST:
                 if b < 0:
                     b = shape[0] if len(shape) == 1 else -1
-                ok, length = shape == (b,), b
-            else:
-                ok, length = shape == ((3, n) if kind == _MROPE else (n,)), n
-            if not ok or t.get_device() != side or (length > 1 and t.stride(-1) != 1):
+                ok = shape == (b,) and t.is_contiguous()
+            else:  # mrope rows may lie apart: its columns must be contiguous
+                ok = shape == (3, n) and (n == 1 or t.stride(-1) == 1)
+            if not ok or t.get_device() != side:
                 raise ValueError(name)
             given.append((name, at, t))
             dtype = t.dtype
@@ -248,16 +250,24 @@ class BatchStager:
         else:  # host inputs (and the item table) in one packed copy
             if narrow is not None:
                 check_host_values(narrow, st.dst.dtypes)
-            host = {name: t for name, _, t in given}
-            if items is not None:
-                host["items_ptr"] = items
-            ptrs = pack_host_inputs(st.device, host, self.buffers.token_scratch, addresses=True)
-            keep = ptrs.pop(None, None)
-            for name, pos, _ in given:
-                values[pos] = p = ptrs[name]
-                align |= p
-            if items is not None:
-                values[at["items_ptr"]] = ptrs["items_ptr"]
+            if st.packs_host:
+                parts = [t for _, _, t in given]
+                if items is not None:
+                    parts.append(items)
+                keep, offsets = pack_to_device(st.device, parts, self.buffers.token_scratch)
+                base = keep.data_ptr()
+                align |= base
+                for (_, pos, _), offset in zip(given, offsets):
+                    values[pos] = base + 8 * offset
+                if items is not None:
+                    values[at["items_ptr"]] = base + 8 * offsets[-1]
+            else:  # a CPU slab (tests): the inputs are read where they are
+                for _, pos, t in given:
+                    values[pos] = p = t.data_ptr()
+                    align |= p
+                if items is not None:
+                    keep = pack_to_device(st.device, [items], self.buffers.token_scratch)[0]
+                    values[at["items_ptr"]] = keep.data_ptr()
         mrope = batch.mrope_positions
         if mrope is not None:  # packed host rows lie back to back
             values[at["stride_mrope"]] = n if side < 0 and st.packs_host else mrope.stride(0)
@@ -275,7 +285,7 @@ class BatchStager:
         if dev is None:
             if len(self._tables) >= _TABLES_KEPT:
                 self._tables.clear()
-            dev = self._tables[key] = pack_host_inputs(self.buffers.device, {"t": table})["t"]
+            dev = self._tables[key] = pack_to_device(self.buffers.device, [table])[0]
         return dev
 
 
