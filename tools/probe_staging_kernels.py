@@ -17,6 +17,7 @@ import triton
 import triton.testing
 
 import slabstage as ss
+from host_timing import host_us
 from slabstage.kernels.reference import stage_embeddings_reference
 
 # the module, not the function of the same name that slabstage.kernels exports
@@ -149,18 +150,8 @@ def sweep(dev, ceiling_tbps, quick):
     return out
 
 
-def _host_us(f, reps=50, rounds=20):
-    for _ in range(reps):
-        f()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            f()
-        times.append((time.perf_counter() - t0) / reps * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+def _host_us(f):
+    return host_us(f, reps=50, rounds=20)[1]  # the median
 
 
 def host_time(dev):

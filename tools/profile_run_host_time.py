@@ -5,10 +5,8 @@
 Same shapes as the README's host-time row: 2048-token buffers, a 4096-wide bf16
 slab, a 300-token batch with 100 media rows, a one-linear forward.
 """
-import statistics
-import time
-
 import torch
+from host_timing import host_us
 
 import slabstage as ss
 from slabstage.graph_runner.nvtx import range_pop, range_push
@@ -16,18 +14,8 @@ from slabstage.graph_runner.nvtx import range_pop, range_push
 dev = torch.device("cuda")
 
 
-def us(f, reps=300, rounds=9):
-    for _ in range(reps):
-        f()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(reps):
-            f()
-        out.append((time.perf_counter() - t) / reps * 1e6)
-        torch.cuda.synchronize()
-    return round(statistics.median(out), 2)
+def us(f):
+    return host_us(f)[1]  # the median
 
 
 table = torch.randn(1000, 4096, device=dev, dtype=torch.bfloat16)
