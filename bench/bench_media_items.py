@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 import torch.nn.functional as F
+from bench_stage_embeddings import build as build_checked
 from peer_lightllm import image_ranges, lightllm_style_reference, lightllm_style_stage
 from pytest_benchmark.fixture import BenchmarkFixture
 
@@ -267,12 +268,7 @@ BUILDERS = {
 
 def build(impl: str, inp: MediaInputs):
     """The call for ``impl``, run once (compiled, warmed) and checked against the expected rows."""
-    run = BUILDERS[impl](inp)
-    inp.slab.fill_(float("nan"))
-    run()
-    if impl not in COPY_IMPLS:
-        assert torch.equal(inp.slab, inp.expected), f"{impl} staged wrong rows at {inp.shape}"
-    return run
+    return build_checked(impl, inp, BUILDERS, COPY_IMPLS)
 
 
 def _bytes(impl: str, inp: MediaInputs) -> int:
@@ -466,6 +462,12 @@ def test_host_check(impl):
 
 
 # -- 1. items, 2. deepstack, 3. pinned: device time ----------------------------------------------
+def _time_case(device_bench, case: str, inp: MediaInputs, impl: str, **info) -> str:
+    """Device time of ``impl`` on ``inp`` (built and checked first), recorded as ``case``; the shape label."""
+    device_bench(build(impl, inp))
+    return _record(device_bench, case, inp, impl, _bytes(impl, inp), **info)
+
+
 @pytest.fixture(scope="module", params=ITEMS_SHAPES, ids=_shape_id)
 def items_inputs(request):
     yield from _gpu(lambda: make_inputs(*request.param, "cuda"))
@@ -474,10 +476,7 @@ def items_inputs(request):
 @pytest.mark.cuda
 @pytest.mark.parametrize("impl", list(CASE_IMPLS["items"]))
 def test_items(items_inputs, impl, device_bench):
-    inp = items_inputs
-    run = build(impl, inp)
-    device_bench(run)
-    _record(device_bench, "items", inp, impl, _bytes(impl, inp))
+    _time_case(device_bench, "items", items_inputs, impl)
 
 
 @pytest.fixture(scope="module", params=DEEPSTACK_SHAPES, ids=lambda s: f"{s[0]}x4x{s[1]}")
@@ -490,10 +489,7 @@ def deepstack_inputs(request):
 @pytest.mark.cuda
 @pytest.mark.parametrize("impl", list(CASE_IMPLS["deepstack"]))
 def test_deepstack(deepstack_inputs, impl, device_bench):
-    inp = deepstack_inputs
-    run = build(impl, inp)
-    device_bench(run)
-    _record(device_bench, "deepstack", inp, impl, _bytes(impl, inp), blocks=1 + DEEPSTACK_K)
+    _time_case(device_bench, "deepstack", deepstack_inputs, impl, blocks=1 + DEEPSTACK_K)
 
 
 @pytest.fixture(scope="module", params=PINNED_SHAPES, ids=_shape_id)
@@ -505,10 +501,8 @@ def pinned_inputs(request):
 @pytest.mark.parametrize("impl", list(CASE_IMPLS["pinned"]))
 def test_pinned(pinned_inputs, impl, device_bench):
     inp = pinned_inputs
-    run = build(impl, inp)
-    device_bench(run)
     over_link = impl != "slabstage"  # every other row moves the media bytes from the host
-    _record(device_bench, "pinned", inp, impl, _bytes(impl, inp), h2d_bytes=inp.media_bytes() * over_link)
+    _time_case(device_bench, "pinned", inp, impl, h2d_bytes=inp.media_bytes() * over_link)
     median = device_bench.extra_info.get("median_us")
     if median and over_link:
         device_bench.extra_info["h2d_gbps"] = inp.media_bytes() / median / 1e3
@@ -558,9 +552,7 @@ def _record_heldout(bench, inp: MediaInputs, gib_copy) -> None:
 @pytest.mark.parametrize("impl", list(CASE_IMPLS["plain"]))
 def test_plain(large_inputs, impl, device_bench, copy_ceiling, gib_copy):
     inp = large_inputs
-    run = build(impl, inp)
-    device_bench(run)
-    shape = _record(device_bench, "plain", inp, impl, _bytes(impl, inp), session_ceiling_gbps=copy_ceiling.gbps)
+    shape = _time_case(device_bench, "plain", inp, impl, session_ceiling_gbps=copy_ceiling.gbps)
     _record_heldout(device_bench, inp, gib_copy)
     extra = device_bench.extra_info
     if impl == "slabstage" and "heldout_fraction" in extra:
@@ -574,9 +566,7 @@ def test_plain(large_inputs, impl, device_bench, copy_ceiling, gib_copy):
 @pytest.mark.parametrize("impl", list(CASE_IMPLS["lightllm"]))
 def test_lightllm(large_inputs, impl, device_bench, gib_copy):
     inp = large_inputs
-    run = build(impl, inp)
-    device_bench(run)
-    _record(device_bench, "lightllm", inp, impl, _bytes(impl, inp), images=len(inp.lens))
+    _time_case(device_bench, "lightllm", inp, impl, images=len(inp.lens))
     _record_heldout(device_bench, inp, gib_copy)
 
 

@@ -49,7 +49,7 @@ from .kernels import StagingError, media_index_from_spans, raise_if_errors
 from .models import VARIANTS, ToyMultimodalModel
 from .staging import StagingBuffers
 
-__all__ = ["main", "reference_merge", "plan_sizes", "kernel_path"]
+__all__ = ["main", "reference_merge", "widen", "plan_sizes", "kernel_path"]
 
 MODELS = ("toy", "qwen3-vl")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -141,7 +141,9 @@ def build_batch(model: ToyMultimodalModel, n: int, *, num_seqs: int, media_fract
         expand=model.expand)
 
 
-def _widen(rows: torch.Tensor, width: int, expand: str) -> torch.Tensor:
+def widen(rows: torch.Tensor, width: int, expand: str) -> torch.Tensor:
+    """``rows`` at ``width`` columns by the width contract's ``expand`` policy (plain torch, no slabstage code):
+    zeros past their own width, or repeated across it."""
     if rows.shape[1] == width:
         return rows
     if expand == "repeat":
@@ -165,9 +167,9 @@ def reference_merge(model: ToyMultimodalModel, batch: PrefillBatch, pad_to: int)
     if int(is_media.sum()) != num_media:
         raise AssertionError(f"{int(is_media.sum())} placeholder tokens for {num_media} media rows")
     embeds = torch.zeros(pad_to, width, dtype=dtype, device=device)
-    merged = _widen(batch.table[ids].to(dtype), width, model.expand)
+    merged = widen(batch.table[ids].to(dtype), width, model.expand)
     if num_media:
-        merged[is_media] = _widen(batch.media.to(dtype), width, model.expand)
+        merged[is_media] = widen(batch.media.to(dtype), width, model.expand)
     embeds[:n] = merged
     positions = torch.zeros(pad_to, dtype=torch.int64, device=device)
     positions[:n] = batch.positions.to(device)

@@ -37,9 +37,9 @@ from collections import Counter
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from slabstage import BAD_TOKEN_ID, PrefillGraphRunner, StagingBuffers, StagingError, raise_if_errors, reset_errors
+from slabstage.demo import widen
 from slabstage.models import ToyMultimodalModel, make_batch
 
 NO_ROW = 2**31 - 1
@@ -64,23 +64,15 @@ def _draw(rng: random.Random, capacity: int) -> tuple[int, float, int, bool]:
     return n, fraction, rng.randint(1, min(MAX_SEQS, n)), rng.random() < 0.5
 
 
-def _widen(rows: torch.Tensor, width: int, expand: str) -> torch.Tensor:
-    if rows.shape[1] == width:
-        return rows
-    if expand == "repeat":
-        return rows.repeat(1, width // rows.shape[1])
-    return F.pad(rows, (0, width - rows.shape[1]))
-
-
 def _expected_slab(model, batch, bad_row: int | None) -> torch.Tensor:
     """Rows [0, n) as the contract says, built with plain torch indexing."""
     device, W = model.device, model.embed_width
     ids = batch.input_ids.to(device).long()
-    text = _widen(model.embed_tokens.weight[ids.clamp(0, model.vocab_size - 1)], W, model.expand)
+    text = widen(model.embed_tokens.weight[ids.clamp(0, model.vocab_size - 1)], W, model.expand)
     out = text
     if batch.media_index is not None:
         index = batch.media_index.to(device).long()
-        media = _widen(batch.media[index.clamp(min=0)], W, model.expand)
+        media = widen(batch.media[index.clamp(min=0)], W, model.expand)
         out = torch.where((index >= 0)[:, None], media, text)
     if bad_row is not None:
         out[bad_row] = 0

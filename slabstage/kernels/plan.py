@@ -180,14 +180,13 @@ def vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, in
 class MediaPlan:
     """Media checked and laid out for the kernel: one tensor, or items and their table."""
 
-    __slots__ = ("mode", "tensor", "rows", "width", "dtype", "items", "table", "blocks", "vec", "grain", "spans",
-                 "hull")
+    __slots__ = ("mode", "tensor", "rows", "width", "dtype", "items", "table", "blocks", "vec", "unit", "spans")
 
-    def __init__(self, mode, tensor, rows, width, dtype, items=(), table=(), blocks=1, vec=1, grain=0):
+    def __init__(self, mode, tensor, rows, width, dtype, items=(), table=(), blocks=1, vec=1, unit=0):
         self.mode, self.tensor, self.rows, self.width, self.dtype = mode, tensor, rows, width, dtype
         self.items, self.table, self.blocks, self.vec = items, table, blocks, vec
-        self.grain = grain  # the OR of every read column block's width: its lowest bit divides each boundary
-        self.spans = self.hull = None  # the items' bytes: (starts, ends) and their hull, for the overlap check
+        self.unit = unit  # the largest power of two dividing every read column block's width (0: no items)
+        self.spans = None  # the items' bytes, (starts, ends), for the overlap check
 
     @property
     def num_items(self) -> int:
@@ -334,7 +333,7 @@ def _scan_items(media, device, slab_width: int, text_width: int) -> MediaPlan | 
         return None
     vec = 16 // elem  # 16-byte loads need addresses (bytes), row strides and block columns (elements) to allow them
     aligned = not (align & 15) and not ((ealign | width) & (vec - 1))
-    grain |= width
+    grain |= width  # its lowest set bit divides every block boundary
     if blocks_max & (blocks_max - 1):  # a power of two of blocks per item: fewer compiled variants
         blocks_max = next_pow2(blocks_max)
     if blocks_max > 1 and any(len(b) != blocks_max for b in items):  # pad every item's fields to blocks_max
@@ -344,9 +343,8 @@ def _scan_items(media, device, slab_width: int, text_width: int) -> MediaPlan | 
             k += 4 * len(b)
         fields = padded
     plan = MediaPlan(MEDIA_ITEMS, _dtype_anchor(device, dev, dtype), at, width, dtype, items=tuple(items),
-                     table=starts + fields, blocks=blocks_max, vec=vec if aligned else 1, grain=grain)
+                     table=starts + fields, blocks=blocks_max, vec=vec if aligned else 1, unit=grain & -grain)
     plan.spans = lows, highs
-    plan.hull = (min(lows), max(highs)) if lows else None
     return plan
 
 
@@ -446,11 +444,10 @@ def row_settings(slab, text_width: int, plan: MediaPlan | None, expand: str) -> 
     media_width = plan.width if plan is not None else None
     tiled = tuple(w for w in (text_width, media_width) if w is not None and expand == "repeat" and w < width)
     max_bytes, whole = 8192, False
-    if plan is not None and plan.mode == MEDIA_ITEMS and plan.blocks > 1 and plan.grain:
-        unit = plan.grain & -plan.grain  # the largest power of two dividing every block width
-        whole = unit * elem >= _WHOLE_MIN_BYTES
+    if plan is not None and plan.mode == MEDIA_ITEMS and plan.blocks > 1:
+        whole = plan.unit * elem >= _WHOLE_MIN_BYTES
         if whole:
-            max_bytes = min(max_bytes, unit * elem)
+            max_bytes = min(max_bytes, plan.unit * elem)
     block, num_warps = row_launch_config(width, elem, divides=tiled, max_block_bytes=max_bytes)
     return block, num_warps, whole
 

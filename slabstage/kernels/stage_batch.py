@@ -166,7 +166,7 @@ class BatchStager:
         values = st.values.copy()
         key = [side]
         given = []  # (name, position, tensor)
-        narrow = None  # sources wider than their slot (a host one is checked here; a device one flagged there)
+        narrow = {}  # sources wider than their slot (a host one is checked here; a device one flagged there)
         bits = st.bits
         b = -1
         for name, at, kind in _SOURCE_SPECS:  # the integer slots, then media_index
@@ -189,7 +189,7 @@ class BatchStager:
             dtype = t.dtype
             key.append(dtype)
             if INT_BITS.get(dtype, 0) > bits.get(name, 64):  # as check_host_values decides
-                narrow = {**(narrow or {}), name: t}
+                narrow[name] = t
         b = max(b, 0)
         if b > st.batch_cap:
             raise ValueError("batch size")
@@ -216,9 +216,10 @@ class BatchStager:
             values[at["media_ptr"]], values[at["num_media"]], values[at["stride_media"]] = p, mshape[0], mstride[0]
         else:
             plan = check_media(media, st.device, st.width, tshape[1], batch.expand)
-            if plan.hull is not None and not st.clear(*plan.hull):  # all in one gap: the usual case
-                st.apart_all(*plan.spans)
-            key.append((plan.dtype, plan.width, plan.blocks, plan.vec, plan.grain & -plan.grain))
+            lows, highs = plan.spans
+            if lows and not st.clear(min(lows), max(highs)):  # all in one gap (the usual case), else one by one
+                st.apart_all(lows, highs)
+            key.append((plan.dtype, plan.width, plan.blocks, plan.vec, plan.unit))
             values[at["media_ptr"]], values[at["num_media"]], values[at["num_items"]] = \
                 plan.tensor.data_ptr(), plan.rows, plan.num_items
             items = plan.table
@@ -248,7 +249,7 @@ class BatchStager:
                 keep = self._item_table(items)
                 values[at["items_ptr"]] = keep.data_ptr()
         else:  # host inputs (and the item table) in one packed copy
-            if narrow is not None:
+            if narrow:
                 check_host_values(narrow, st.dst.dtypes)
             if st.packs_host:
                 parts = [t for _, _, t in given]
@@ -294,7 +295,7 @@ class _Static:
     not change between batches, and the destinations' byte spans, sorted, for the overlap check."""
 
     __slots__ = ("values", "dst", "rows", "width", "device", "dev", "packs_host", "batch_cap", "starts", "ends",
-                 "reach", "lo", "hi", "bits", "_right", "_left")
+                 "reach", "lo", "hi", "bits")
 
     def __init__(self, values: list, dst, slab: torch.Tensor, spans: list) -> None:
         self.values, self.dst, self.batch_cap = values, dst, dst.batch_cap
@@ -304,10 +305,6 @@ class _Static:
         self.starts, self.ends = [s for s, _ in spans], [e for _, e in spans]
         self.reach = list(itertools.accumulate(self.ends, max))  # the furthest end of the spans up to each one
         self.lo, self.hi = spans[0][0], self.reach[-1]
-        self._right = self._left = None
-        if all(e <= s for e, s in zip(self.ends, self.starts[1:])):  # apart: starts and ends alternate
-            bounds = sorted(self.starts + self.ends)
-            self._right, self._left = partial(bisect.bisect_right, bounds), partial(bisect.bisect_left, bounds)
 
     def clear(self, start: int, end: int) -> bool:
         """Whether bytes ``[start, end)`` miss every destination: they lie in one gap between them."""
@@ -317,15 +314,8 @@ class _Static:
         return not ((i >= 0 and self.reach[i] > start) or (i + 1 < len(self.starts) and self.starts[i + 1] < end))
 
     def apart_all(self, starts: list, ends: list) -> None:
-        """:meth:`apart` for every span ``[starts[k], ends[k])``, in C loops: each must lie in a gap
-        between destinations, i.e. as many destination bounds lie at or before its start as before its
-        end, and an even number of them."""
-        if self._right is None:  # destinations that share bytes (views of one storage): one span at a time
-            for start, end in zip(starts, ends):
-                self.apart(start, end)
-            return
-        at_start = list(map(self._right, starts))
-        if at_start != list(map(self._left, ends)) or any(map(_ODD, at_start)):
+        """:meth:`apart` for every span ``[starts[k], ends[k])``."""
+        if not all(map(self.clear, starts, ends)):
             raise ValueError("overlap")
 
     def apart(self, start: int, end: int) -> None:
@@ -334,7 +324,6 @@ class _Static:
             raise ValueError("overlap")
 
 
-_ODD = (1).__and__
 _TABLES_KEPT = 64  # item tables kept on the device, each a few hundred bytes
 
 if STAGE is not None:
