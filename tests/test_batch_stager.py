@@ -86,9 +86,8 @@ class FakeVariant:
     def __init__(self, recorder):
         self.recorder = recorder
 
-    def launch(self, grid0, values, trusted=False):
+    def launch_trusted(self, grid0, values):
         self.recorder.calls.append((grid0, dict(zip(STAGE.runtime, values)), None, None))
-        return True
 
 
 @pytest.fixture
@@ -223,7 +222,7 @@ def test_cached_path_on_the_gpu_equals_the_full_path(config, side):
 
 
 def test_overlap_check_agrees_with_brute_force():
-    """The cached path's byte-span check (one span, or many in C loops) against a pairwise check, on random
+    """The cached path's byte-span check (one span, or many, a gap reused) against a pairwise check, on random
     destination layouts: apart, touching, and sharing bytes (views of one storage)."""
     import random
 
@@ -253,3 +252,27 @@ def test_overlap_check_agrees_with_brute_force():
         except ValueError:
             got = False
         assert got == all(apart), (spans, queries)
+
+
+def test_pack_to_device_keeps_dtypes_and_alignment():
+    """Host parts in one byte buffer (one memmove each): every part at a 16-byte boundary, its dtype and
+    values kept, strided parts laid out contiguously, int sequences as int64, empty parts allowed."""
+    from slabstage.kernels.plan import pack_host_inputs, pack_to_device
+    g = torch.Generator().manual_seed(7)
+    mrope = torch.randint(-9, 2**40, (3, 13), generator=g)
+    parts = {"a": torch.randint(-2**31, 2**31 - 1, (5,), generator=g, dtype=torch.int32),
+             "b": torch.randint(-2**62, 2**62, (3,), generator=g),
+             "mrope": torch.cat([mrope, mrope], 1)[:, ::2],  # rows apart, columns strided: packed contiguous
+             "empty": torch.empty(0, dtype=torch.int32),
+             "table": [2**40 + 3, -1, 0, 7, 9]}
+    dev, offsets = pack_to_device(torch.device("cpu"), list(parts.values()))
+    assert dev.dtype == torch.uint8 and all(o % 16 == 0 for o in offsets)
+    assert offsets == sorted(offsets) and len(set(offsets[:3])) == 3
+    out = pack_host_inputs(torch.device("cpu"), {"table": parts["table"]})
+    assert out["table"].dtype == torch.int64 and out["table"].tolist() == parts["table"]
+    for (name, v), o in zip(parts.items(), offsets):
+        if isinstance(v, torch.Tensor):
+            got = dev[o:o + v.numel() * v.element_size()].view(v.dtype).view(v.shape)
+            assert torch.equal(got, v), name
+    with pytest.raises(ValueError, match="not on the host"):
+        pack_to_device(torch.device("cpu"), [torch.zeros(2, device="meta", dtype=torch.int64)])

@@ -103,6 +103,10 @@ class Variant:
         self.run(grid0, 1, 1, self._stream(self.device_index), self.function, *self.head, *values, *self.tail)
         return True
 
+    def launch_trusted(self, grid0: int, values: list) -> None:
+        """:meth:`launch` with ``trusted=True``, for a hot path that has checked the values itself."""
+        self.run(grid0, 1, 1, self._stream(self.device_index), self.function, *self.head, *values, *self.tail)
+
 
 class FastLaunch:
     """The launcher of one ``@triton.jit`` kernel; see the module docstring."""

@@ -19,6 +19,10 @@ The result is a dict of kernel arguments by name (see
 
 from __future__ import annotations
 
+from array import array
+from ctypes import memmove
+from itertools import accumulate
+
 import torch
 
 from ..checks import (FLOAT_DTYPES, INT32_MAX, INT_DTYPES, byte_span, check_choice, check_int, check_no_overlap,
@@ -29,8 +33,8 @@ from .stage_kernel import MEDIA_ITEMS, MEDIA_NONE, MEDIA_TENSOR
 
 __all__ = ["SLOTS", "REQUEST_SLOTS", "SLOT_ARGS", "MediaPlan", "Destinations", "check_destinations",
            "check_token_sources", "check_host_values", "check_slab", "check_media", "check_embed",
-           "check_sources_apart", "embed_args", "INT_BITS", "row_settings", "token_args", "pack_host_inputs",
-           "pack_to_device", "vocab_bounds"]
+           "check_sources_apart", "embed_args", "ELEM_BYTES", "INT_BITS", "row_settings", "token_args",
+           "pack_host_inputs", "pack_to_device", "vocab_bounds"]
 
 SLOTS = ("input_ids", "positions", "out_cache_loc", "mrope_positions", "seq_lens", "extend_start_loc")
 REQUEST_SLOTS = ("seq_lens", "extend_start_loc")
@@ -178,23 +182,36 @@ def vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, in
 
 
 class MediaPlan:
-    """Media checked and laid out for the kernel: one tensor, or items and their table."""
+    """Media checked and laid out for the kernel: one tensor, or items and their table.
 
-    __slots__ = ("mode", "tensor", "rows", "width", "dtype", "items", "table", "blocks", "vec", "unit", "spans")
+    For items, ``spans`` holds the bytes of every block the kernel reads, for the
+    overlap checks.
+    """
 
-    def __init__(self, mode, tensor, rows, width, dtype, items=(), table=(), blocks=1, vec=1, unit=0):
+    __slots__ = ("mode", "tensor", "rows", "width", "dtype", "media", "table", "blocks", "vec", "unit", "spans",
+                 "_items")
+
+    def __init__(self, mode, tensor, rows, width, dtype, media=(), table=(), blocks=1, vec=1, unit=0):
         self.mode, self.tensor, self.rows, self.width, self.dtype = mode, tensor, rows, width, dtype
-        self.items, self.table, self.blocks, self.vec = items, table, blocks, vec
+        self.media, self.table, self.blocks, self.vec = media, table, blocks, vec
         self.unit = unit  # the largest power of two dividing every read column block's width (0: no items)
-        self.spans = None  # the items' bytes, (starts, ends), for the overlap check
+        self.spans = None  # items: (starts, ends), the bytes of every block read, for the overlap checks
+        self._items = None
 
     @property
     def num_items(self) -> int:
-        return len(self.items)
+        return len(self.media)
+
+    @property
+    def items(self) -> tuple:
+        """Each item as a tuple of its column blocks (empty for one tensor)."""
+        if self._items is None:
+            self._items = tuple(m if type(m) is tuple else (m,) for m in self.media)
+        return self._items
 
     def named_sources(self) -> list:
         """``(name, tensor)`` of every tensor the media is read from, named as the errors name them."""
-        if not self.items:
+        if not self.media:
             return [("media", self.tensor)]
         return [(f"media item {i}" + (f" block {j}" if len(blocks) > 1 else ""), t)
                 for i, blocks in enumerate(self.items) for j, t in enumerate(blocks)]
@@ -202,7 +219,7 @@ class MediaPlan:
     @property
     def sources(self) -> tuple:
         """Every tensor the media is read from."""
-        return (self.tensor,) if not self.items else tuple(t for blocks in self.items for t in blocks)
+        return (self.tensor,) if not self.media else tuple(t for blocks in self.items for t in blocks)
 
 
 def _item_device_ok(t: torch.Tensor, device) -> bool:
@@ -244,28 +261,29 @@ def check_media(media, device, slab_width: int, text_width: int, expand: str) ->
 
 
 def _scan_items(media, device, slab_width: int, text_width: int) -> MediaPlan | None:
-    """The items' plan in one pass of cheap reads (about 0.4 us a block), or None when anything is off
-    (the item-by-item check then names it). Runs per batch on the runner's cached path: keep it lean."""
+    """The items' plan in one pass of cheap reads, or None when anything is off (the item-by-item check
+    then names it). Runs per batch on the runner's cached path: about five attribute reads a block, each
+    a fraction of a microsecond, are most of its cost, so each is made once."""
     dev = -1 if device.type == "cpu" else device.index
     if dev is None:  # "cuda": the current device
         dev = torch.cuda.current_device() if device.type == "cuda" else -1
     try:
         first = media[0]
         dtype = (first[0] if type(first) is tuple else first).dtype
-        elem = _ELEM[dtype]
+        elem = ELEM_BYTES[dtype]
     except (IndexError, TypeError, AttributeError, KeyError):
         return None
     on_cuda = dev >= 0
     wide = slab_width > text_width
-    starts, fields, lows, highs, items = [], [], [], [], []
-    width, at, align, ealign, grain, blocks_max = None, 0, 0, 0, 0, 1
+    item_rows, fields, counts, lows, highs = [], [], [], [], []
+    width, align, ealign, grain = None, 0, 0, 0
     try:
         for item in media:
             if type(item) is not tuple:  # one tensor: the usual item, read inline
                 if item.dtype is not dtype:  # dtypes are singletons; a non-tensor has no dtype
                     return None
                 r, w = item.shape  # not 2-D: ValueError
-                s0, s1 = item.stride()
+                s0, s1 = (w, 1) if item.is_contiguous() else item.stride()  # (the cheaper read first)
                 if w != width:
                     if width is not None:
                         return None
@@ -285,22 +303,20 @@ def _scan_items(media, device, slab_width: int, text_width: int) -> MediaPlan | 
                 else:
                     ptr = 0
                 fields += (ptr, s0, 0, w)
-                starts.append(at)
-                at += r
-                items.append((item,))
+                item_rows.append(r)
+                counts.append(1)
                 continue
-            blocks = item
             rows, c = -1, 0
-            for t in blocks:
-                if t.dtype is not dtype:  # dtypes are singletons; a non-tensor has no dtype
+            for t in item:
+                if t.dtype is not dtype:
                     return None
-                r, w = t.shape  # not 2-D: ValueError
-                s0, s1 = t.stride()
+                r, w = t.shape
+                s0, s1 = (w, 1) if t.is_contiguous() else t.stride()
                 if rows < 0:
                     rows = r
                 elif r != rows:
                     return None
-                if wide and c == 0 and len(blocks) > 1 and w != text_width:
+                if wide and c == 0 and len(item) > 1 and w != text_width:
                     return None
                 if r:
                     if w > 1 and s1 != 1:
@@ -322,33 +338,37 @@ def _scan_items(media, device, slab_width: int, text_width: int) -> MediaPlan | 
             if rows < 0 or (width is not None and c != width):
                 return None
             width = c
-            starts.append(at)
-            at += rows
-            items.append(blocks)
-            if len(blocks) > blocks_max:
-                blocks_max = len(blocks)
+            item_rows.append(rows)
+            counts.append(len(item))
     except (TypeError, ValueError, AttributeError):
         return None
     if width is None:
         return None
+    k = max(counts)
+    if k > 1 and (k & (k - 1) or counts.count(k) != len(counts)):  # pad every item to a power of two of blocks
+        fields = _pad_fields(fields, counts, next_pow2(k), width)  # (fewer compiled variants)
+        k = next_pow2(k)
     vec = 16 // elem  # 16-byte loads need addresses (bytes), row strides and block columns (elements) to allow them
     aligned = not (align & 15) and not ((ealign | width) & (vec - 1))
     grain |= width  # its lowest set bit divides every block boundary
-    if blocks_max & (blocks_max - 1):  # a power of two of blocks per item: fewer compiled variants
-        blocks_max = next_pow2(blocks_max)
-    if blocks_max > 1 and any(len(b) != blocks_max for b in items):  # pad every item's fields to blocks_max
-        padded, k = [], 0
-        for b in items:
-            padded += fields[k:k + 4 * len(b)] + [0, 0, width, width] * (blocks_max - len(b))
-            k += 4 * len(b)
-        fields = padded
-    plan = MediaPlan(MEDIA_ITEMS, _dtype_anchor(device, dev, dtype), at, width, dtype, items=tuple(items),
-                     table=starts + fields, blocks=blocks_max, vec=vec if aligned else 1, unit=grain & -grain)
+    starts = list(accumulate(item_rows, initial=0))
+    rows = starts.pop()
+    plan = MediaPlan(MEDIA_ITEMS, _dtype_anchor(device, dev, dtype), rows, width, dtype, media=media,
+                     table=starts + fields, blocks=k, vec=vec if aligned else 1, unit=grain & -grain)
     plan.spans = lows, highs
     return plan
 
 
-_ELEM = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
+def _pad_fields(fields: list, counts, k: int, width: int) -> list:
+    """Item fields of ``counts[i]`` blocks each, padded to ``k`` blocks an item with empty blocks."""
+    out, at = [], 0
+    for c in counts:
+        out += fields[at:at + 4 * c] + [0, 0, width, width] * (k - c)
+        at += 4 * c
+    return out
+
+
+ELEM_BYTES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}  # of each embedding dtype
 
 
 def _check_items(media, device, slab_width: int, text_width: int, expand: str) -> None:
@@ -506,34 +526,45 @@ def check_sources_apart(dst: Destinations, given: dict, slab=None) -> None:
 
 # -- host inputs -------------------------------------------------------------------------
 def pack_to_device(device: torch.device, parts: list, scratch=None) -> tuple[torch.Tensor, list]:
-    """Host tensors (and int sequences) ``parts`` in one int64 device tensor, through one pinned buffer and
-    one non-blocking copy; ``(device tensor, each part's offset in it)``. Each part starts 16-byte aligned.
+    """Host tensors (and int sequences) ``parts`` in one device buffer of bytes, through one pinned buffer
+    and one non-blocking copy; ``(device bytes, each part's byte offset in it)``.
 
-    ``scratch(numel)``, when given, supplies the device tensor (reused: the copy and the launch that reads
-    it are ordered on the current stream); else a new one is allocated.
+    Each part keeps its dtype (an int sequence becomes int64), its elements laid out
+    contiguously, and starts 16-byte aligned. The parts are copied into the pinned
+    buffer with one ``memmove`` each: a torch op costs a few microseconds of host time
+    (a ``torch.cat`` that casts int32 parts, 10-15), a memmove a fraction of one.
+    ``scratch(nbytes)``, when given, supplies the device buffer (reused: the copy and the
+    launch that reads it are ordered on the current stream); else a new one is allocated.
     """
-    flat, offsets, at = [], [], 0
+    spans, offsets, at = [], [], 0  # (address, bytes) of each part
+    held = []  # what must live until the memmoves are done
     for v in parts:
-        if not isinstance(v, torch.Tensor):
-            v = torch.tensor(v, dtype=torch.int64)
-        elif v.dim() != 1:
-            v = v.reshape(-1)
-        flat.append(v)
+        if isinstance(v, torch.Tensor):
+            if not v.is_contiguous():
+                v = v.contiguous()
+            if not v.is_cpu:
+                raise ValueError(f"pack_to_device: a part is on {v.device}, not on the host")
+            held.append(v)
+            spans.append((v.data_ptr(), v.numel() * v.element_size()))
+        else:
+            v = array("q", v)
+            held.append(v)
+            spans.append((v.buffer_info()[0], len(v) * 8))
         offsets.append(at)
-        at += v.shape[0]
-        if at & 1:  # keep every part 16-byte aligned
-            flat.append(_ONE)
-            at += 1
-    pinned = torch.empty(at, dtype=torch.int64, pin_memory=device.type == "cuda")
-    torch.cat(flat, out=pinned)  # one host op, casting int32 parts
-    dev = scratch(at) if scratch is not None else torch.empty(at, dtype=torch.int64, device=device)
+        at += (spans[-1][1] + 15) & ~15  # the next part starts 16-byte aligned
+    pinned = torch.empty(at, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    base = pinned.data_ptr()
+    for (addr, nbytes), offset in zip(spans, offsets):
+        if nbytes:
+            memmove(base + offset, addr, nbytes)
+    dev = scratch(at) if scratch is not None else torch.empty(at, dtype=torch.uint8, device=device)
     dev.copy_(pinned, non_blocking=True)
     return dev, offsets
 
 
 def pack_host_inputs(device: torch.device, parts: dict, scratch=None) -> dict:
-    """``parts`` with every host tensor (and int sequence) replaced by its view of one device tensor, made
-    by :func:`pack_to_device`; device tensors pass through."""
+    """``parts`` with every host tensor (and int sequence) replaced by its view of one device buffer, made
+    by :func:`pack_to_device` (same dtype and shape, contiguous); device tensors pass through."""
     on_cuda = device.type == "cuda"  # (inputs on another device were refused before this)
     host = [k for k, v in parts.items() if not isinstance(v, torch.Tensor) or (on_cuda and v.is_cpu)]
     if not host:
@@ -542,10 +573,9 @@ def pack_host_inputs(device: torch.device, parts: dict, scratch=None) -> dict:
     out = dict(parts)
     for k, start in zip(host, offsets):
         v = parts[k]
-        size = v.numel() if isinstance(v, torch.Tensor) else len(v)
-        out[k] = dev[start:start + size].view(v.shape) if isinstance(v, torch.Tensor) else dev[start:start + size]
+        if isinstance(v, torch.Tensor):
+            out[k] = dev[start:start + v.numel() * v.element_size()].view(v.dtype).view(v.shape)
+        else:
+            out[k] = dev[start:start + 8 * len(v)].view(torch.int64)
     return out
-
-
-_ONE = torch.zeros(1, dtype=torch.int64)  # the padding after an odd-length part
 

@@ -17,9 +17,9 @@ import torch
 from .errors import check_error_word
 from .launch import int_spec, launch_hooks_set
 from ..checks import INT32_MAX, byte_span, check_real
-from .plan import (INT_BITS, REQUEST_SLOTS, SLOT_ARGS, SLOTS, check_destinations, check_embed, check_host_values,
-                   check_media, check_no_overlap, check_slab, embed_args, pack_host_inputs, pack_to_device,
-                   token_args, vocab_bounds)
+from .plan import (ELEM_BYTES, INT_BITS, REQUEST_SLOTS, SLOT_ARGS, SLOTS, check_destinations, check_embed,
+                   check_host_values, check_media, check_no_overlap, check_slab, embed_args, pack_host_inputs,
+                   pack_to_device, token_args, vocab_bounds)
 from .reference import stage_embeddings_reference, stage_token_inputs_reference
 from .runtime import use_triton
 from .stage_kernel import MEDIA_ITEMS, STAGE
@@ -119,12 +119,13 @@ class BatchStager:
             if self._static is not None:
                 try:
                     key, values, keep = self._match(batch, pad_to)
-                except (TypeError, ValueError, AttributeError, IndexError):
+                except (TypeError, ValueError, AttributeError, IndexError, KeyError, RuntimeError):
                     key = None  # the full path names the problem
                 else:
                     entry = self.variants.get(key)
-                    # trusted: the key fixes every specialisation but the per-call pointers, checked by _match
-                    if entry is not None and entry[0].launch(max(1, pad_to * entry[1]), values, trusted=True):
+                    if entry is not None:
+                        # trusted: the key fixes every specialisation but the per-call pointers, checked by _match
+                        entry[0].launch_trusted(pad_to * entry[1], values)
                         self.cached_launches += 1
                         return
         launched = plan_stage_batch(
@@ -165,10 +166,13 @@ class BatchStager:
         side = ids.get_device()
         values = st.values.copy()
         key = [side]
-        given = []  # (name, position, tensor)
-        narrow = {}  # sources wider than their slot (a host one is checked here; a device one flagged there)
+        given = []  # host inputs: (position, tensor)
+        narrow = {}  # host sources wider than their slot (checked here; a device one is flagged by the kernel)
         bits = st.bits
         b = -1
+        device = side >= 0
+        if device:  # device inputs: read in place, apart from every destination
+            align, lo, hi = 0, st.lo, st.hi
         for name, at, kind in _SOURCE_SPECS:  # the integer slots, then media_index
             t = getattr(batch, name)
             if t is None:
@@ -177,19 +181,31 @@ class BatchStager:
             shape = t.shape
             if kind == _PER_TOKEN:  # 1-D: contiguous is stride 1 (is_contiguous() is the cheapest read)
                 ok = shape == (n,) and t.is_contiguous()
+                count = n
             elif kind == _PER_REQUEST:
                 if b < 0:
                     b = shape[0] if len(shape) == 1 else -1
                 ok = shape == (b,) and t.is_contiguous()
+                count = b
             else:  # mrope rows may lie apart: its columns must be contiguous
-                ok = shape == (3, n) and (n == 1 or t.stride(-1) == 1)
+                stride = t.stride()
+                ok = shape == (3, n) and (n == 1 or stride[1] == 1)
+                count = 2 * stride[0] + n
             if not ok or t.get_device() != side:
                 raise ValueError(name)
-            given.append((name, at, t))
             dtype = t.dtype
             key.append(dtype)
-            if INT_BITS.get(dtype, 0) > bits.get(name, 64):  # as check_host_values decides
-                narrow[name] = t
+            if device:
+                p = t.data_ptr()
+                end = p + count * 8  # (int64 at most: an overestimate only costs the full path)
+                if end > lo and p < hi:
+                    st.apart(p, end)
+                values[at] = p
+                align |= p
+            else:
+                given.append((at, t))
+                if INT_BITS.get(dtype, 0) > bits.get(name, 64):  # as check_host_values decides
+                    narrow[name] = t
         b = max(b, 0)
         if b > st.batch_cap:
             raise ValueError("batch size")
@@ -197,7 +213,8 @@ class BatchStager:
         if len(tshape) != 2 or table.get_device() != st.dev or tstride[1] != 1:
             raise ValueError("table")
         table_ptr = table.data_ptr()
-        end = table_ptr + tshape[0] * tstride[0] * table.element_size()  # its rows are contiguous
+        tdtype = table.dtype
+        end = table_ptr + tshape[0] * tstride[0] * ELEM_BYTES[tdtype]  # its rows are contiguous
         if end > st.lo and table_ptr < st.hi:  # (outside every destination: the usual case, two compares)
             st.apart(table_ptr, end)
         at = _AT
@@ -209,16 +226,15 @@ class BatchStager:
             if len(mshape) != 2 or media.get_device() != st.dev or mstride[1] != 1:
                 raise ValueError("media")
             p = media.data_ptr()
-            end = p + ((mshape[0] - 1) * mstride[0] + mshape[1]) * media.element_size() if mshape[0] else p
+            mdtype = media.dtype
+            end = p + ((mshape[0] - 1) * mstride[0] + mshape[1]) * ELEM_BYTES[mdtype] if mshape[0] else p
             if end > st.lo and p < st.hi:
                 st.apart(p, end)
-            key.append((media.dtype, mshape[1], int_spec(mstride[0])))
+            key.append((mdtype, mshape[1], int_spec(mstride[0])))
             values[at["media_ptr"]], values[at["num_media"]], values[at["stride_media"]] = p, mshape[0], mstride[0]
         else:
             plan = check_media(media, st.device, st.width, tshape[1], batch.expand)
-            lows, highs = plan.spans
-            if lows and not st.clear(min(lows), max(highs)):  # all in one gap (the usual case), else one by one
-                st.apart_all(lows, highs)
+            st.apart_all(*plan.spans)
             key.append((plan.dtype, plan.width, plan.blocks, plan.vec, plan.unit))
             values[at["media_ptr"]], values[at["num_media"]], values[at["num_items"]] = \
                 plan.tensor.data_ptr(), plan.rows, plan.num_items
@@ -233,37 +249,30 @@ class BatchStager:
             if not (type(scale) is float and math.isfinite(scale)):
                 scale = check_real("text_scale", scale)
             values[at["text_scale"]] = scale
-        key += (table.dtype, tshape[1], int_spec(tstride[0]), batch.expand, scale is None, batch.media_owner)
+        key += (tdtype, tshape[1], int_spec(tstride[0]), batch.expand, scale is None, batch.media_owner)
         keep = None
-        align = table_ptr | values[at["media_ptr"]]
-        if side >= 0:  # device inputs: apart from every destination (int64 at most: an overestimate only costs
-            lo, hi = st.lo, st.hi
-            for _, pos, t in given:  # the full path)
-                p = t.data_ptr()
-                end = p + t.numel() * 8
-                if end > lo and p < hi:
-                    st.apart(p, end)
-                values[pos] = p
-                align |= p
+        if device:
+            align |= table_ptr | values[at["media_ptr"]]
             if items is not None:
                 keep = self._item_table(items)
                 values[at["items_ptr"]] = keep.data_ptr()
         else:  # host inputs (and the item table) in one packed copy
+            align = table_ptr | values[at["media_ptr"]]
             if narrow:
                 check_host_values(narrow, st.dst.dtypes)
             if st.packs_host:
-                parts = [t for _, _, t in given]
+                parts = [t for _, t in given]
                 if items is not None:
                     parts.append(items)
                 keep, offsets = pack_to_device(st.device, parts, self.buffers.token_scratch)
                 base = keep.data_ptr()
                 align |= base
-                for (_, pos, _), offset in zip(given, offsets):
-                    values[pos] = base + 8 * offset
+                for (pos, _), offset in zip(given, offsets):
+                    values[pos] = base + offset
                 if items is not None:
-                    values[at["items_ptr"]] = base + 8 * offsets[-1]
+                    values[at["items_ptr"]] = base + offsets[-1]
             else:  # a CPU slab (tests): the inputs are read where they are
-                for _, pos, t in given:
+                for pos, t in given:
                     values[pos] = p = t.data_ptr()
                     align |= p
                 if items is not None:
@@ -314,9 +323,18 @@ class _Static:
         return not ((i >= 0 and self.reach[i] > start) or (i + 1 < len(self.starts) and self.starts[i + 1] < end))
 
     def apart_all(self, starts: list, ends: list) -> None:
-        """:meth:`apart` for every span ``[starts[k], ends[k])``."""
-        if not all(map(self.clear, starts, ends)):
-            raise ValueError("overlap")
+        """:meth:`apart` for every span ``[starts[k], ends[k])``. Items allocated together lie in few gaps
+        between destinations (though often not in one: small tensors share the allocator's segments), so
+        the gap that held the last span is tried first, with two compares."""
+        gap_lo = gap_hi = 0
+        for start, end in zip(starts, ends):
+            if start >= gap_lo and end <= gap_hi:
+                continue
+            i = bisect.bisect_right(self.starts, start) - 1  # the last destination starting at or before it
+            gap_lo = self.reach[i] if i >= 0 else 0  # the gap holding ``start``: past every span before it
+            gap_hi = self.starts[i + 1] if i + 1 < len(self.starts) else 1 << 64  # up to the next one
+            if start < gap_lo or end > gap_hi:
+                raise ValueError("overlap")
 
     def apart(self, start: int, end: int) -> None:
         """Raise unless bytes ``[start, end)`` miss every destination (the full path then names it)."""

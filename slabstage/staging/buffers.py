@@ -69,17 +69,17 @@ class StagingBuffers:
         self.errors = errors
         self._token_scratch: torch.Tensor | None = None
 
-    def token_scratch(self, numel: int) -> torch.Tensor:
-        """A device int64 buffer for packed host inputs, grown (rarely) and reused.
+    def token_scratch(self, nbytes: int) -> torch.Tensor:
+        """A device buffer of ``nbytes`` bytes (uint8) for packed host inputs, grown (rarely) and reused.
 
         Reuse is safe: each call's copy into it and the kernel reading it are
         ordered on the current stream.
         """
-        if self._token_scratch is None or self._token_scratch.numel() < numel:
-            cap = 6 * self.max_num_tokens + 2 * self.max_batch_size
+        if self._token_scratch is None or self._token_scratch.numel() < nbytes:
+            cap = 8 * (6 * self.max_num_tokens + 2 * self.max_batch_size) + 256
             with torch.inference_mode(False):  # a normal tensor, usable in and outside inference mode
-                self._token_scratch = torch.empty(max(numel, cap), dtype=torch.int64, device=self.device)
-        return self._token_scratch[:numel]
+                self._token_scratch = torch.empty(max(nbytes, cap), dtype=torch.uint8, device=self.device)
+        return self._token_scratch[:nbytes]
 
     @classmethod
     def allocate(
