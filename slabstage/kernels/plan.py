@@ -540,10 +540,10 @@ def pack_to_device(device: torch.device, parts: list, scratch=None) -> tuple[tor
     held = []  # what must live until the memmoves are done
     for v in parts:
         if isinstance(v, torch.Tensor):
-            if not v.is_contiguous():
-                v = v.contiguous()
             if not v.is_cpu:
                 raise ValueError(f"pack_to_device: a part is on {v.device}, not on the host")
+            if not v.is_contiguous():
+                v = v.contiguous()
             held.append(v)
             spans.append((v.data_ptr(), v.numel() * v.element_size()))
         else:

@@ -170,9 +170,8 @@ class BatchStager:
         narrow = {}  # host sources wider than their slot (checked here; a device one is flagged by the kernel)
         bits = st.bits
         b = -1
-        device = side >= 0
-        if device:  # device inputs: read in place, apart from every destination
-            align, lo, hi = 0, st.lo, st.hi
+        device = side >= 0  # device inputs: read in place, apart from every destination
+        align, lo, hi = 0, st.lo, st.hi
         for name, at, kind in _SOURCE_SPECS:  # the integer slots, then media_index
             t = getattr(batch, name)
             if t is None:
@@ -251,16 +250,11 @@ class BatchStager:
             values[at["text_scale"]] = scale
         key += (tdtype, tshape[1], int_spec(tstride[0]), batch.expand, scale is None, batch.media_owner)
         keep = None
-        if device:
-            align |= table_ptr | values[at["media_ptr"]]
-            if items is not None:
-                keep = self._item_table(items)
-                values[at["items_ptr"]] = keep.data_ptr()
-        else:  # host inputs (and the item table) in one packed copy
-            align = table_ptr | values[at["media_ptr"]]
+        align |= table_ptr | values[at["media_ptr"]]
+        if not device:  # host inputs
             if narrow:
                 check_host_values(narrow, st.dst.dtypes)
-            if st.packs_host:
+            if st.packs_host:  # in one packed copy, the item table with them
                 parts = [t for _, t in given]
                 if items is not None:
                     parts.append(items)
@@ -271,13 +265,16 @@ class BatchStager:
                     values[pos] = base + offset
                 if items is not None:
                     values[at["items_ptr"]] = base + offsets[-1]
-            else:  # a CPU slab (tests): the inputs are read where they are
+            else:  # a CPU slab (tests): the inputs are read where they are, the table packed as the full path does
                 for pos, t in given:
                     values[pos] = p = t.data_ptr()
                     align |= p
                 if items is not None:
                     keep = pack_to_device(st.device, [items], self.buffers.token_scratch)[0]
                     values[at["items_ptr"]] = keep.data_ptr()
+        elif items is not None:  # device inputs: the table's device copy, kept per content
+            keep = self._item_table(items)
+            values[at["items_ptr"]] = keep.data_ptr()
         mrope = batch.mrope_positions
         if mrope is not None:  # packed host rows lie back to back
             values[at["stride_mrope"]] = n if side < 0 and st.packs_host else mrope.stride(0)
@@ -315,25 +312,30 @@ class _Static:
         self.reach = list(itertools.accumulate(self.ends, max))  # the furthest end of the spans up to each one
         self.lo, self.hi = spans[0][0], self.reach[-1]
 
+    def gap(self, start: int) -> tuple[int, int]:
+        """``[lo, hi)``, the stretch between destinations around byte ``start``: bytes in it miss them all
+        (empty, ``lo > start``, when ``start`` lies inside one)."""
+        i = bisect.bisect_right(self.starts, start) - 1  # the last destination starting at or before it
+        return (self.reach[i] if i >= 0 else 0,  # past every destination up to it
+                self.starts[i + 1] if i + 1 < len(self.starts) else 1 << 64)  # up to the next one
+
     def clear(self, start: int, end: int) -> bool:
         """Whether bytes ``[start, end)`` miss every destination: they lie in one gap between them."""
         if end <= self.lo or start >= self.hi:  # outside them all: the usual case, two compares
             return True
-        i = bisect.bisect_right(self.starts, start) - 1
-        return not ((i >= 0 and self.reach[i] > start) or (i + 1 < len(self.starts) and self.starts[i + 1] < end))
+        lo, hi = self.gap(start)
+        return lo <= start and end <= hi
 
     def apart_all(self, starts: list, ends: list) -> None:
         """:meth:`apart` for every span ``[starts[k], ends[k])``. Items allocated together lie in few gaps
         between destinations (though often not in one: small tensors share the allocator's segments), so
         the gap that held the last span is tried first, with two compares."""
-        gap_lo = gap_hi = 0
+        lo = hi = 0
         for start, end in zip(starts, ends):
-            if start >= gap_lo and end <= gap_hi:
+            if start >= lo and end <= hi:
                 continue
-            i = bisect.bisect_right(self.starts, start) - 1  # the last destination starting at or before it
-            gap_lo = self.reach[i] if i >= 0 else 0  # the gap holding ``start``: past every span before it
-            gap_hi = self.starts[i + 1] if i + 1 < len(self.starts) else 1 << 64  # up to the next one
-            if start < gap_lo or end > gap_hi:
+            lo, hi = self.gap(start)
+            if start < lo or end > hi:
                 raise ValueError("overlap")
 
     def apart(self, start: int, end: int) -> None:
