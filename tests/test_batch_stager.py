@@ -246,12 +246,22 @@ def test_overlap_check_agrees_with_brute_force():
         apart = [all(e <= s0 or s >= e0 for s0, e0 in spans) for s, e in queries]
         for (s, e), want in zip(queries, apart):
             assert st.clear(s, e) == want, (spans, s, e)
-        try:
-            st.apart_all([s for s, _ in queries], [e for _, e in queries])
-            got = True
-        except ValueError:
-            got = False
-        assert got == all(apart), (spans, queries)
+        for (s, e), want in zip(queries, apart):  # one span at a time, the last gap kept between them
+            try:
+                st.fit(s, e)
+                got = True
+            except ValueError:
+                got = False
+            assert got == want, (spans, s, e)
+        for _ in range(2):  # many spans, starting from the gap the last check kept
+            try:
+                st.apart_all([s for s, _ in queries], [e for _, e in queries])
+                got = True
+            except ValueError:
+                got = False
+            assert got == all(apart), (spans, queries)
+            queries = [(a, a + rnd.randint(1, 6)) for a in (rnd.randint(0, x + 3) for _ in range(rnd.randint(1, 5)))]
+            apart = [all(e <= s0 or s >= e0 for s0, e0 in spans) for s, e in queries]
 
 
 def test_pack_to_device_keeps_dtypes_and_alignment():

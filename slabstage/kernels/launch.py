@@ -38,12 +38,17 @@ def int_spec(v: int) -> int:
 _RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
 
 
+_CHAIN = getattr(getattr(triton, "knobs", None), "HookChain", None)
+
+
 def launch_hooks_set() -> bool:
     """Whether a launch hook (a profiler's, a debugger's) wants to see launches; read on every launch."""
     if _RUNTIME is None:
         return True  # an older triton: take the ordinary path
     # triton >= 3.4 keeps a HookChain that is never None; it is set when it has calls
     enter, leave = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
+    if type(enter) is _CHAIN and type(leave) is _CHAIN:  # the usual case, without a getattr
+        return bool(enter.calls or leave.calls)
     return (enter is not None and bool(getattr(enter, "calls", True))) or \
         (leave is not None and bool(getattr(leave, "calls", True)))
 

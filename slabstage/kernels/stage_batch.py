@@ -167,11 +167,12 @@ class BatchStager:
         values = st.values.copy()
         key = [side]
         given = []  # host inputs: (position, tensor)
-        narrow = {}  # host sources wider than their slot (checked here; a device one is flagged by the kernel)
-        bits = st.bits
+        narrow = None  # host sources wider than their slot (checked here; a device one is flagged by the kernel)
         b = -1
         device = side >= 0  # device inputs: read in place, apart from every destination
-        align, lo, hi = 0, st.lo, st.hi
+        align, lo, hi = 0, st.lo, st.hi  # every destination lies in [lo, hi)
+        gaps = st.gaps  # per input (by its pointer's position), the gap between destinations that held it last
+        per_token = (n,)
         for name, at, kind in _SOURCE_SPECS:  # the integer slots, then media_index
             t = getattr(batch, name)
             if t is None:
@@ -179,7 +180,7 @@ class BatchStager:
                 continue
             shape = t.shape
             if kind == _PER_TOKEN:  # 1-D: contiguous is stride 1 (is_contiguous() is the cheapest read)
-                ok = shape == (n,) and t.is_contiguous()
+                ok = shape == per_token and t.is_contiguous()
                 count = n
             elif kind == _PER_REQUEST:
                 if b < 0:
@@ -197,13 +198,17 @@ class BatchStager:
             if device:
                 p = t.data_ptr()
                 end = p + count * 8  # (int64 at most: an overestimate only costs the full path)
-                if end > lo and p < hi:
-                    st.apart(p, end)
+                if end > lo and p < hi:  # (outside them all: two compares)
+                    gap = gaps[at]
+                    if p < gap[0] or end > gap[1]:
+                        gaps[at] = st.fit(p, end)
                 values[at] = p
                 align |= p
             else:
                 given.append((at, t))
-                if INT_BITS.get(dtype, 0) > bits.get(name, 64):  # as check_host_values decides
+                if INT_BITS.get(dtype, 0) > st.bits.get(name, 64):  # as check_host_values decides
+                    if narrow is None:
+                        narrow = {}
                     narrow[name] = t
         b = max(b, 0)
         if b > st.batch_cap:
@@ -214,9 +219,10 @@ class BatchStager:
         table_ptr = table.data_ptr()
         tdtype = table.dtype
         end = table_ptr + tshape[0] * tstride[0] * ELEM_BYTES[tdtype]  # its rows are contiguous
-        if end > st.lo and table_ptr < st.hi:  # (outside every destination: the usual case, two compares)
-            st.apart(table_ptr, end)
-        at = _AT
+        if end > lo and table_ptr < hi:
+            gap = gaps[_TABLE_PTR]
+            if table_ptr < gap[0] or end > gap[1]:
+                gaps[_TABLE_PTR] = st.fit(table_ptr, end)
         items = None
         if media is None:
             key.append(None)
@@ -227,30 +233,31 @@ class BatchStager:
             p = media.data_ptr()
             mdtype = media.dtype
             end = p + ((mshape[0] - 1) * mstride[0] + mshape[1]) * ELEM_BYTES[mdtype] if mshape[0] else p
-            if end > st.lo and p < st.hi:
-                st.apart(p, end)
-            key.append((mdtype, mshape[1], int_spec(mstride[0])))
-            values[at["media_ptr"]], values[at["num_media"]], values[at["stride_media"]] = p, mshape[0], mstride[0]
+            if end > lo and p < hi:
+                gap = gaps[_MEDIA_PTR]
+                if p < gap[0] or end > gap[1]:
+                    gaps[_MEDIA_PTR] = st.fit(p, end)
+            key.append((mdtype, mshape[1], _SPECS[mstride[0]]))
+            values[_MEDIA_PTR], values[_NUM_MEDIA], values[_STRIDE_MEDIA] = p, mshape[0], mstride[0]
         else:
             plan = check_media(media, st.device, st.width, tshape[1], batch.expand)
             st.apart_all(*plan.spans)
             key.append((plan.dtype, plan.width, plan.blocks, plan.vec, plan.unit))
-            values[at["media_ptr"]], values[at["num_media"]], values[at["num_items"]] = \
-                plan.tensor.data_ptr(), plan.rows, plan.num_items
+            values[_MEDIA_PTR], values[_NUM_MEDIA], values[_NUM_ITEMS] = plan.tensor.data_ptr(), plan.rows, len(media)
             items = plan.table
         if batch.vocab_range is None and batch.vocab_size is None and tshape[0] <= INT32_MAX:
-            values[at["vocab_start"]], values[at["vocab_end"]], values[at["vocab_size"]] = 0, tshape[0], tshape[0]
+            values[_VOCAB_START], values[_VOCAB_END], values[_VOCAB_SIZE] = 0, tshape[0], tshape[0]
         else:
-            values[at["vocab_start"]], values[at["vocab_end"]], values[at["vocab_size"]] = \
+            values[_VOCAB_START], values[_VOCAB_END], values[_VOCAB_SIZE] = \
                 vocab_bounds(batch.vocab_range, batch.vocab_size, tshape[0])
         scale = batch.text_scale
         if scale is not None:
             if not (type(scale) is float and math.isfinite(scale)):
                 scale = check_real("text_scale", scale)
-            values[at["text_scale"]] = scale
-        key += (tdtype, tshape[1], int_spec(tstride[0]), batch.expand, scale is None, batch.media_owner)
+            values[_TEXT_SCALE] = scale
+        key += (tdtype, tshape[1], _SPECS[tstride[0]], batch.expand, scale is None, batch.media_owner)
         keep = None
-        align |= table_ptr | values[at["media_ptr"]]
+        align |= table_ptr | values[_MEDIA_PTR]
         if not device:  # host inputs
             if narrow:
                 check_host_values(narrow, st.dst.dtypes)
@@ -264,22 +271,22 @@ class BatchStager:
                 for (pos, _), offset in zip(given, offsets):
                     values[pos] = base + offset
                 if items is not None:
-                    values[at["items_ptr"]] = base + offsets[-1]
+                    values[_ITEMS_PTR] = base + offsets[-1]
             else:  # a CPU slab (tests): the inputs are read where they are, the table packed as the full path does
                 for pos, t in given:
                     values[pos] = p = t.data_ptr()
                     align |= p
                 if items is not None:
                     keep = pack_to_device(st.device, [items], self.buffers.token_scratch)[0]
-                    values[at["items_ptr"]] = keep.data_ptr()
+                    values[_ITEMS_PTR] = keep.data_ptr()
         elif items is not None:  # device inputs: the table's device copy, kept per content
             keep = self._item_table(items)
-            values[at["items_ptr"]] = keep.data_ptr()
+            values[_ITEMS_PTR] = keep.data_ptr()
         mrope = batch.mrope_positions
         if mrope is not None:  # packed host rows lie back to back
-            values[at["stride_mrope"]] = n if side < 0 and st.packs_host else mrope.stride(0)
-        values[at["n"]], values[at["pad_to"]], values[at["b"]] = n, pad_to, b
-        values[at["table_ptr"]], values[at["stride_table"]] = table_ptr, tstride[0]
+            values[_STRIDE_MROPE] = n if side < 0 and st.packs_host else mrope.stride(0)
+        values[_N], values[_PAD_TO], values[_B] = n, pad_to, b
+        values[_TABLE_PTR], values[_STRIDE_TABLE] = table_ptr, tstride[0]
         if align & 15:
             raise ValueError("alignment")  # the full path launches through another variant
         return tuple(key), values, keep  # the packed copy must live until the launch is queued
@@ -301,7 +308,7 @@ class _Static:
     not change between batches, and the destinations' byte spans, sorted, for the overlap check."""
 
     __slots__ = ("values", "dst", "rows", "width", "device", "dev", "packs_host", "batch_cap", "starts", "ends",
-                 "reach", "lo", "hi", "bits")
+                 "reach", "lo", "hi", "gaps", "bits")
 
     def __init__(self, values: list, dst, slab: torch.Tensor, spans: list) -> None:
         self.values, self.dst, self.batch_cap = values, dst, dst.batch_cap
@@ -311,6 +318,10 @@ class _Static:
         self.starts, self.ends = [s for s, _ in spans], [e for _, e in spans]
         self.reach = list(itertools.accumulate(self.ends, max))  # the furthest end of the spans up to each one
         self.lo, self.hi = spans[0][0], self.reach[-1]
+        # per input (by its pointer's position in the launch values), the gap that held it last (none yet):
+        # inputs allocated after the buffers often lie between them, and an input's next batch mostly
+        # lies where its last one did, so trying that gap first saves a bisection per input on most batches
+        self.gaps = [(0, 0)] * (len(values) + 1)  # (the last one: the media items')
 
     def gap(self, start: int) -> tuple[int, int]:
         """``[lo, hi)``, the stretch between destinations around byte ``start``: bytes in it miss them all
@@ -326,29 +337,45 @@ class _Static:
         lo, hi = self.gap(start)
         return lo <= start and end <= hi
 
+    def fit(self, start: int, end: int) -> tuple[int, int]:
+        """The gap holding bytes ``[start, end)``; raises when they touch a destination (the full path then
+        names it)."""
+        lo, hi = self.gap(start)
+        if start < lo or end > hi:
+            raise ValueError("overlap")
+        return lo, hi
+
     def apart_all(self, starts: list, ends: list) -> None:
-        """:meth:`apart` for every span ``[starts[k], ends[k])``. Items allocated together lie in few gaps
-        between destinations (though often not in one: small tensors share the allocator's segments), so
-        the gap that held the last span is tried first, with two compares."""
-        lo = hi = 0
+        """Raise unless every span ``[starts[k], ends[k])`` (media items) misses every destination; the gap
+        that held the span before is tried first, with two compares."""
+        lo, hi = self.gaps[-1]
         for start, end in zip(starts, ends):
             if start >= lo and end <= hi:
                 continue
-            lo, hi = self.gap(start)
-            if start < lo or end > hi:
-                raise ValueError("overlap")
-
-    def apart(self, start: int, end: int) -> None:
-        """Raise unless bytes ``[start, end)`` miss every destination (the full path then names it)."""
-        if not self.clear(start, end):
-            raise ValueError("overlap")
+            lo, hi = self.gaps[-1] = self.fit(start, end)
 
 
+class _Specs(dict):
+    """:func:`int_spec` by row stride, kept (a lookup costs less host time than the call)."""
+
+    def __missing__(self, stride: int) -> int:
+        spec = int_spec(stride)
+        if len(self) < 1024:
+            self[stride] = spec
+        return spec
+
+
+_SPECS = _Specs()
 _TABLES_KEPT = 64  # item tables kept on the device, each a few hundred bytes
 
 if STAGE is not None:
     # the kernel's runtime arguments, each one's position and the defaults of the optional ones
     _RUNTIME, _AT, _DEFAULTS = STAGE.runtime, STAGE.at, STAGE.defaults
+    # the positions _match writes on every batch, as constants (a dict lookup each costs host time)
+    (_N, _PAD_TO, _B, _MEDIA_PTR, _NUM_MEDIA, _STRIDE_MEDIA, _NUM_ITEMS, _ITEMS_PTR, _VOCAB_START, _VOCAB_END,
+     _VOCAB_SIZE, _TEXT_SCALE, _STRIDE_MROPE, _TABLE_PTR, _STRIDE_TABLE) = (_AT[k] for k in (
+        "n", "pad_to", "b", "media_ptr", "num_media", "stride_media", "num_items", "items_ptr", "vocab_start",
+        "vocab_end", "vocab_size", "text_scale", "stride_mrope", "table_ptr", "stride_table"))
     _PER_TOKEN, _PER_REQUEST, _MROPE = 0, 1, 2
     # each integer source: its name, its pointer's position and its shape kind, then media_index
     _SOURCE_SPECS = tuple((name, _AT[SLOT_ARGS[name][0]], _PER_REQUEST if name in REQUEST_SLOTS else

@@ -168,7 +168,9 @@ class BufferRegistry:
     def signature(self) -> RegistrySignature:
         """Per slot: data_ptr, shape, stride, dtype and device, as they are now."""
         sig = RegistrySignature((name, _signature(s.tensor)) for name, s in self._slots.items())
-        sig.fast = tuple((s.tensor, *sig[name][:4]) for name, s in self._slots.items())
+        # (tensor, data_ptr, torch.Size, stride, dtype): compared in the cheapest order, Size with Size
+        sig.fast = tuple((s.tensor, sig[name][0], torch.Size(sig[name][1]), *sig[name][2:4])
+                         for name, s in self._slots.items())
         sig.version = self._version
         return sig
 
@@ -179,7 +181,7 @@ class BufferRegistry:
         """
         if getattr(signature, "version", None) == self._version:
             for t, ptr, shape, stride, dtype in signature.fast:
-                if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride or t.dtype != dtype:
+                if t.data_ptr() != ptr or t.stride() != stride or t.shape != shape or t.dtype is not dtype:
                     break
             else:
                 return
