@@ -331,7 +331,8 @@ class _Static:
                 self.starts[i + 1] if i + 1 < len(self.starts) else 1 << 64)  # up to the next one
 
     def clear(self, start: int, end: int) -> bool:
-        """Whether bytes ``[start, end)`` miss every destination: they lie in one gap between them."""
+        """Whether bytes ``[start, end)`` miss every destination: they lie in one gap between them. (The
+        predicate :meth:`BatchStager._match` inlines at each input, with the input's kept gap first.)"""
         if end <= self.lo or start >= self.hi:  # outside them all: the usual case, two compares
             return True
         lo, hi = self.gap(start)
