@@ -35,10 +35,8 @@ def int_spec(v: int) -> int:
     return 1 if v == 1 else (2 if not v & 15 else 0)
 
 
-_RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
-
-
-_CHAIN = getattr(getattr(triton, "knobs", None), "HookChain", None)
+_KNOBS = getattr(triton, "knobs", None)
+_RUNTIME, _CHAIN = getattr(_KNOBS, "runtime", None), getattr(_KNOBS, "HookChain", None)
 
 
 def launch_hooks_set() -> bool:
