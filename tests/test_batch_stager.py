@@ -33,8 +33,10 @@ def _batch(n, seed, *, ids_dtype=torch.int64, media=True, slots=True, expand="ze
         kw["vocab_range"], kw["vocab_size"] = vocab
     if media:
         kw["media"] = torch.randn(11, tw, generator=g)  # the slab width, or the text width with expand
-        if items:  # the same rows as items: a tensor, a tuple of column blocks, an empty item, a tensor
-            m = kw["media"]
+        m = kw["media"]
+        if items == "tensors":  # the same rows as three item tensors (read from their records)
+            kw["media"] = [m[:4].clone(), m[4:9].clone(), m[9:].clone()]
+        elif items:  # the same rows as items: a tensor, a tuple of column blocks, an empty item, a tensor
             kw["media"] = [m[:4], (m[4:9, :tw // 3].clone(), m[4:9, tw // 3:].clone()), m[9:9], m[9:].clone()]
         spans = [(s, min(3, n - s), (s // 5) % 9) for s in range(0, n, 11) if s + 1 < n]
         kw["media_index"] = ss.media_index_from_spans(spans, n, device="cpu")
@@ -64,6 +66,7 @@ CONFIGS = {
     "strided": dict(strided=True),
     "items": dict(items=True),
     "items+strided": dict(items=True, strided=True),
+    "item-tensors": dict(items="tensors"),
 }
 
 
@@ -125,6 +128,54 @@ def test_cached_path_launches_what_the_full_path_launches(recorder, config):
         got_grid, got, _, _ = recorder.calls[0]
         assert got_grid == grid0
         assert {k: got[k] for k in STAGE.runtime} == {k: want[k] for k in STAGE.runtime}
+
+
+def test_items_plan_is_reused_only_for_equal_records(recorder):
+    """Item tensors staged again (the same tensors, in a new list or not) reuse the last plan; any change
+    to what the plan depends on (an address, a shape, the dtype, the table's width) makes a new one. Each
+    launch equals the full path's."""
+    buf = _buffers()
+    st = _stager(buf)
+    sig = buf.registry.signature()
+    batch = _batch(40, 3, items="tensors")
+    items = batch.media
+
+    def stage(batch, hit):
+        step = stage.calls
+        recorder.calls.clear()
+        _full_path(buf, batch, 48)
+        want = recorder.calls[-1][1]
+        before = st._static.items_seen if st._static is not None else None
+        st(batch, 48, sig)
+        got = recorder.calls[-1][1]
+        assert {k: got[k] for k in STAGE.runtime if k != "items_ptr"} == \
+            {k: want[k] for k in STAGE.runtime if k != "items_ptr"}
+        if hit is not None:
+            assert (st._static.items_seen is before) == hit, step
+        stage.calls += 1
+
+    def with_media(media, **kw):
+        return ss.PrefillBatch(**{**batch.__dict__, "media": media, **kw})
+
+    stage.calls = 0
+    stage(batch, None)  # the full path (after _match has read the items): the configuration is kept
+    stage(batch, True)  # the cached path, the same records
+    stage(with_media(list(items)), True)  # a new list of the same tensors
+    stage(with_media([t.clone() for t in items]), False)  # new addresses
+    stage(batch, False)
+    items[1].set_(items[1].clone())  # the same tensor object, new storage
+    stage(batch, False)
+    stage(batch, True)
+    items[2].resize_(1, items[2].shape[1])  # fewer rows, same address
+    stage(batch, False)
+    wide = [t.to(torch.float32) for t in items]
+    stage(with_media(wide), None)  # another dtype: another configuration (full path)
+    stage(with_media(wide), True)
+    stage(with_media([torch.cat([items[0], items[0]])[::2]] + list(items[1:])), None)  # rows apart: the loop
+    stage(batch, False)
+    on_slab = buf.input_embeds.view(torch.float32).flatten()[:4 * 96].view(4, 96)  # over a destination
+    with pytest.raises(ValueError, match="overlap"):
+        st(with_media([on_slab] + list(items[1:])), 48, sig)
 
 
 def test_each_configuration_is_kept_apart(recorder):

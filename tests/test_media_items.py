@@ -25,7 +25,9 @@ from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, Pref
                        StagingBuffers, StagingError, WidthContractError, media_index_from_mask, new_error_word,
                        stage_embeddings)
 from slabstage.kernels import default_error_word
-from slabstage.kernels.plan import row_settings, check_media
+import slabstage.kernels.plan as plan_module
+from slabstage.kernels.plan import ITEM_TABLES, check_media, row_settings
+from slabstage.kernels.runtime import use_triton
 from slabstage.models import VARIANTS, ToyMultimodalModel, make_batch
 
 NO_ROW = 2**31 - 1
@@ -551,6 +553,40 @@ def test_items_back_to_back(device):
     check(items[:2], index)
 
 
+
+def test_item_table_is_copied_once_per_content(device, monkeypatch):
+    """stage_embeddings keeps each item table on the device: the same items staged again skip its copy;
+    items that moved get a new table; the tables kept are bounded."""
+    if not use_triton(torch.empty(0, device=device)):
+        pytest.skip("the reference path reads the items in place: no table")
+    copies = []
+    real = plan_module.pack_to_device
+    monkeypatch.setattr(plan_module, "pack_to_device", lambda *a, **k: copies.append(1) or real(*a, **k))
+    monkeypatch.setattr(ITEM_TABLES, "KEPT", 2)
+    ITEM_TABLES.clear()
+    g = gen(17)
+    W, V, n = 32, 20, 15
+    table = randn(g, V, W, F32, device)
+    ids = randint(g, 0, V, n, device=device)
+    rows = [4, 5]
+    index = scattered_index(g, n, rows, 9, device=device)
+    items = make_items(g, rows, W, F32, device, [None, (8, 24)])
+
+    def check(media):
+        stage_and_check(poisoned(n, W, BF16, device), ids, table, media=media, media_index=index)
+
+    check(items)
+    check(list(items))  # a new list of the same tensors: the same table
+    assert len(copies) == 1
+    moved = [t.clone() for t in items[:1]] + [tuple(b.clone() for b in items[1])]
+    check(moved)  # new addresses: a new table, read right
+    assert len(copies) == 2
+    check(items)
+    assert len(copies) == 2
+    check(make_items(g, rows, W, F32, device, [(16, 16), None]))  # a third table: the kept ones are dropped
+    assert len(copies) == 3 and len(ITEM_TABLES._tables) == 1
+    ITEM_TABLES.clear()
+
 def test_strict_and_the_error_word_with_items(device):
     g = gen(16)
     W, V, n = 16, 12, 9
@@ -1075,6 +1111,38 @@ def test_cuda_runner_refuses_pageable_items_before_any_write():
     for slot, t in before.items():
         assert same_bytes(buffers.registry[slot], t), slot
 
+
+
+@pytest.mark.cuda
+def test_cuda_item_tables_are_kept_per_stream_and_not_under_capture():
+    """A table is reused only on the stream whose copy wrote it; a capture records its own copy."""
+    g = gen(33)
+    W, V, n = 64, 40, 24
+    rows = [5, 7]
+    items = make_items(g, rows, W, F32, "cuda", [None, (32, 32)])
+    ids = randint(g, 0, V, n, device="cuda")
+    index = scattered_index(g, n, rows, 12, device="cuda")
+    table = randn(g, V, 32, BF16, "cuda")
+    slab = poisoned(n, W, BF16, "cuda")
+    ITEM_TABLES.clear()
+    stage_embeddings(slab, ids, table, media=items, media_index=index)
+    assert len(ITEM_TABLES._tables) == 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        stage_embeddings(slab, ids, table, media=items, media_index=index)
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(ITEM_TABLES._tables) == 2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        stage_embeddings(slab, ids, table, media=items, media_index=index)
+    assert len(ITEM_TABLES._tables) == 2  # the graph's copy is its own
+    ITEM_TABLES.clear()  # the graph must not depend on the kept tables
+    slab.fill_(NAN)
+    graph.replay()
+    torch.cuda.synchronize()
+    want, _ = expected_slab(poisoned(n, W, BF16, "cpu"), ids, table, items, index)
+    assert_same_slab(slab, want)
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("where", ["device", "pinned"])

@@ -19,7 +19,7 @@ from .launch import int_spec, launch_hooks_set
 from ..checks import INT32_MAX, byte_span, check_real
 from .plan import (ELEM_BYTES, INT_BITS, REQUEST_SLOTS, SLOT_ARGS, SLOTS, check_destinations, check_embed,
                    check_host_values, check_media, check_no_overlap, check_slab, embed_args, pack_host_inputs,
-                   pack_to_device, token_args, vocab_bounds)
+                   pack_to_device, token_args, vocab_bounds, ItemTables, item_records)
 from .reference import stage_embeddings_reference, stage_token_inputs_reference
 from .runtime import use_triton
 from .stage_kernel import MEDIA_ITEMS, STAGE
@@ -109,7 +109,9 @@ class BatchStager:
         self.cached_launches = 0  # batches that took the cached path (for tests and profiling)
         self._sig = self._errors = None
         self._static = None
-        self._tables: dict = {}  # item table content -> its device copy
+        # item table content -> its device copy. Keyed without the stream (asking for it costs host time):
+        # the runner stages on the stream its forward runs on
+        self._tables = ItemTables()
 
     def __call__(self, batch, pad_to: int, signature=None) -> None:
         key = None
@@ -240,11 +242,18 @@ class BatchStager:
             key.append((mdtype, mshape[1], _SPECS[mstride[0]]))
             values[_MEDIA_PTR], values[_NUM_MEDIA], values[_STRIDE_MEDIA] = p, mshape[0], mstride[0]
         else:
-            plan = check_media(media, st.device, st.width, tshape[1], batch.expand)
-            st.apart_all(*plan.spans)
-            key.append((plan.dtype, plan.width, plan.blocks, plan.vec, plan.unit))
-            values[_MEDIA_PTR], values[_NUM_MEDIA], values[_NUM_ITEMS] = plan.tensor.data_ptr(), plan.rows, len(media)
-            items = plan.table
+            records = item_records(media)  # (None unless every item is one tensor)
+            seen = st.items_seen  # the last batch's items, when read from records: their plan's launch values
+            if records is None or seen is None or seen[1] != records or seen[0] != (tshape[1], batch.expand):
+                plan = check_media(media, st.device, st.width, tshape[1], batch.expand, records)
+                st.apart_all(*plan.spans)
+                seen = [(tshape[1], batch.expand), plan.records, (plan.dtype, plan.width, plan.blocks, plan.vec,
+                        plan.unit), plan.tensor.data_ptr(), plan.rows, plan.table, None]
+                # equal records give an equal plan, whose spans were just checked against these destinations
+                st.items_seen = seen if plan.records is not None else None
+            key.append(seen[2])
+            values[_MEDIA_PTR], values[_NUM_MEDIA], values[_NUM_ITEMS] = seen[3], seen[4], len(media)
+            items = seen[5]
         if batch.vocab_range is None and batch.vocab_size is None and tshape[0] <= INT32_MAX:
             values[_VOCAB_START], values[_VOCAB_END], values[_VOCAB_SIZE] = 0, tshape[0], tshape[0]
         else:
@@ -280,7 +289,9 @@ class BatchStager:
                     keep = pack_to_device(st.device, [items], self.buffers.token_scratch)[0]
                     values[_ITEMS_PTR] = keep.data_ptr()
         elif items is not None:  # device inputs: the table's device copy, kept per content
-            keep = self._item_table(items)
+            keep = seen[6]
+            if keep is None:
+                keep = seen[6] = self._tables.get(st.device, items)
             values[_ITEMS_PTR] = keep.data_ptr()
         mrope = batch.mrope_positions
         if mrope is not None:  # packed host rows lie back to back
@@ -291,24 +302,12 @@ class BatchStager:
             raise ValueError("alignment")  # the full path launches through another variant
         return tuple(key), values, keep  # the packed copy must live until the launch is queued
 
-    def _item_table(self, table: list) -> torch.Tensor:
-        """The item table on the device, kept per content: a batch whose items have not moved (a chunked
-        image, an encoder cache, a benchmark) reuses it and skips the host-to-device copy."""
-        key = tuple(table)
-        dev = self._tables.get(key)
-        if dev is None:
-            if len(self._tables) >= _TABLES_KEPT:
-                self._tables.clear()
-            dev = self._tables[key] = pack_to_device(self.buffers.device, [table])[0]
-        return dev
-
-
 class _Static:
     """What the cached path reads of the buffers under one registry signature: the launch values that do
     not change between batches, and the destinations' byte spans, sorted, for the overlap check."""
 
     __slots__ = ("values", "dst", "rows", "width", "device", "dev", "packs_host", "batch_cap", "starts", "ends",
-                 "reach", "lo", "hi", "gaps", "bits")
+                 "reach", "lo", "hi", "gaps", "bits", "items_seen")
 
     def __init__(self, values: list, dst, slab: torch.Tensor, spans: list) -> None:
         self.values, self.dst, self.batch_cap = values, dst, dst.batch_cap
@@ -322,6 +321,7 @@ class _Static:
         # inputs allocated after the buffers often lie between them, and an input's next batch mostly
         # lies where its last one did, so trying that gap first saves a bisection per input on most batches
         self.gaps = [(0, 0)] * (len(values) + 1)  # (the last one: the media items')
+        self.items_seen = None  # see BatchStager._match
 
     def gap(self, start: int) -> tuple[int, int]:
         """``[lo, hi)``, the stretch between destinations around byte ``start``: bytes in it miss them all
@@ -349,7 +349,14 @@ class _Static:
     def apart_all(self, starts: list, ends: list) -> None:
         """Raise unless every span ``[starts[k], ends[k])`` (media items) misses every destination; the gap
         that held the span before is tried first, with two compares."""
+        if not starts:
+            return
+        first, last = min(starts), max(ends)  # (two C-level passes; a Python loop costs ~0.1 µs a span)
+        if last <= self.lo or first >= self.hi:  # all outside the destinations: the usual case
+            return
         lo, hi = self.gaps[-1]
+        if lo <= first and last <= hi:  # all in the gap that held them before
+            return
         for start, end in zip(starts, ends):
             if start >= lo and end <= hi:
                 continue
@@ -367,7 +374,6 @@ class _Specs(dict):
 
 
 _SPECS = _Specs()
-_TABLES_KEPT = 64  # item tables kept on the device, each a few hundred bytes
 
 if STAGE is not None:
     # the kernel's runtime arguments, each one's position and the defaults of the optional ones

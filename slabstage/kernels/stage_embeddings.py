@@ -8,7 +8,7 @@ import torch
 
 from ..checks import INT_DTYPES, check_tensor
 from .errors import check_error_word, default_error_word, raise_if_errors
-from .plan import check_embed, check_slab, embed_args, pack_host_inputs
+from .plan import ITEM_TABLES, check_embed, check_slab, embed_args, pack_host_inputs
 from .reference import stage_embeddings_reference
 from .runtime import use_triton
 from .stage_kernel import MEDIA_ITEMS, STAGE
@@ -68,8 +68,9 @@ def stage_embeddings(
     zero-fills the row and sets the error word; nothing is read out of bounds.
     Every argument is checked before anything is written: ``TypeError`` /
     ``ValueError`` (``WidthContractError`` for widths). Returns ``slab``. One
-    kernel launch (plus one host-to-device copy of the item table for items), no
-    host sync unless ``strict``.
+    kernel launch (plus, for items, one host-to-device copy of their table,
+    skipped when the same items were staged before on this stream), no host sync
+    unless ``strict``.
     """
     plan_stage_embeddings(
         slab, input_ids, table, media=media, media_index=media_index, pad_to=pad_to, expand=expand,
@@ -111,5 +112,12 @@ def _launch(grid0: int, args: dict, constexprs: dict, num_warps: int, plan) -> N
     if not grid0:
         return
     if plan is not None and plan.mode == MEDIA_ITEMS:
-        args = {**args, **pack_host_inputs(args["slab_ptr"].device, {"items_ptr": plan.table})}
+        device = args["slab_ptr"].device
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():  # the graph owns its own copy
+            table = pack_host_inputs(device, {"items_ptr": plan.table})["items_ptr"]
+        else:
+            stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+            table = ITEM_TABLES.get(device, plan.table, stream)
+        args = {**args, "items_ptr": table}
     STAGE(grid0, args, constexprs, num_warps)
+
