@@ -173,6 +173,11 @@ def test_items_plan_is_reused_only_for_equal_records(recorder):
     stage(with_media(wide), True)
     stage(with_media([torch.cat([items[0], items[0]])[::2]] + list(items[1:])), None)  # rows apart: the loop
     stage(batch, False)
+    stage(batch, True)
+    odd = ss.PrefillBatch.__new__(ss.PrefillBatch)  # past __post_init__: the stager checks on its own
+    odd.__dict__.update({**batch.__dict__, "media": dict.fromkeys(items)})  # the same tensors, not a sequence
+    with pytest.raises(TypeError, match="list of items"):
+        st(odd, 48, sig)
     on_slab = buf.input_embeds.view(torch.float32).flatten()[:4 * 96].view(4, 96)  # over a destination
     with pytest.raises(ValueError, match="overlap"):
         st(with_media([on_slab] + list(items[1:])), 48, sig)

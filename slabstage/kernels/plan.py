@@ -646,13 +646,12 @@ def pack_host_inputs(device: torch.device, parts: dict, scratch=None) -> dict:
     return out
 
 
-
 class ItemTables:
     """Item tables on the device, kept per content: a batch whose items have not moved (a chunked image, an
     encoder cache's entries staged again, a benchmark) reuses its table and skips the host-to-device copy.
 
-    That copy is small but sits on the stream before the launch: measured on an H200, it put 2.5 µs (16
-    items, 640 bytes) to 8 µs (16 items of 4 column blocks, 2 KiB) of latency before a staging kernel of
+    That copy is small but sits on the stream before the launch: measured on an H200, it put 2.3 µs (16
+    items, 640 bytes) to 7.4 µs (16 items of 4 column blocks, 2 KiB) of latency before a staging kernel of
     35-110 µs. ``get(device, table, stream)``: the device copy of ``table`` (a tuple of ints, as int64)
     for launches on ``stream``, a key: a table is reused only on the stream whose copy wrote it, so that
     no launch can read it before the copy is done. ``clear()`` forgets them all (a benchmark of items

@@ -242,7 +242,8 @@ class BatchStager:
             key.append((mdtype, mshape[1], _SPECS[mstride[0]]))
             values[_MEDIA_PTR], values[_NUM_MEDIA], values[_STRIDE_MEDIA] = p, mshape[0], mstride[0]
         else:
-            records = item_records(media)  # (None unless every item is one tensor)
+            records = item_records(media) if type(media) in _SEQUENCES else None  # (None unless every item
+            # is one tensor; another kind of sequence takes check_media's path, which refuses it)
             seen = st.items_seen  # the last batch's items, when read from records: their plan's launch values
             if records is None or seen is None or seen[1] != records or seen[0] != (tshape[1], batch.expand):
                 plan = check_media(media, st.device, st.width, tshape[1], batch.expand, records)
@@ -374,6 +375,7 @@ class _Specs(dict):
 
 
 _SPECS = _Specs()
+_SEQUENCES = (list, tuple)  # media items' containers (check_media accepts these)
 
 if STAGE is not None:
     # the kernel's runtime arguments, each one's position and the defaults of the optional ones

@@ -120,4 +120,3 @@ def _launch(grid0: int, args: dict, constexprs: dict, num_warps: int, plan) -> N
             table = ITEM_TABLES.get(device, plan.table, stream)
         args = {**args, "items_ptr": table}
     STAGE(grid0, args, constexprs, num_warps)
-
