@@ -198,6 +198,25 @@ def runner_batch(model: ToyMultimodalModel, n: int, g: torch.Generator):
     return replace(batch, media=torch.randn(batch.media.shape, generator=g).to(batch.media.device, model.dtype))
 
 
+def test_block_items_of_the_nccl_deepstack_case_stage_the_same_slab():
+    """The 2-GPU DeepStack case's items (as_block_items) stage, on one process, the slab of its one tensor."""
+    model = gpu_toy("deepstack3_items", torch.float32, "cpu")
+    assert model.embed_width == 4 * model.hidden_size
+    g = torch.Generator().manual_seed(11)
+    for n in (13, 40):
+        batch = runner_batch(model, n, g)
+        items = as_block_items(model, batch)
+        assert len(items.media) == 3 and all(len(item) == 4 for item in items.media)
+        slabs = []
+        for b in (batch, items):
+            buffers = toy_buffers(model, 48)
+            plan_stage_batch(buffers, input_ids=b.input_ids, positions=b.positions, table=b.table,
+                             seq_lens=b.seq_lens, extend_start_loc=b.extend_start_loc, media=b.media,
+                             media_index=b.media_index, expand=b.expand, pad_to=n)()
+            slabs.append(buffers.input_embeds[:n].clone())
+        assert torch.equal(slabs[0], slabs[1])
+
+
 def _gloo_worker(rank: int, world: int, folder: str) -> None:
     torch.set_num_threads(1)  # two processes share the machine; every process the same way
     init("gloo", rank, world, folder)
@@ -339,7 +358,9 @@ def test_gloo_helpers_refuse_bad_calls(gloo):
 # Two GPUs: NCCL, graphs, both placements
 # ==================================================================================================
 GPU_VOCAB, GPU_PADDING = 1000, 64
-GPU_RUNNER_CONFIGS = (("plain", "bf16"), ("plain", "fp32"), ("deepstack", "bf16"), ("hc", "bf16"))
+# deepstack3_items (issue 14, item 2): slab H * (1 + 3), the media staged as column-block items
+GPU_RUNNER_CONFIGS = (("plain", "bf16"), ("plain", "fp32"), ("deepstack", "bf16"), ("hc", "bf16"),
+                      ("deepstack3_items", "bf16"), ("deepstack3_items", "fp32"))
 GPU_SIZES = (8, 13, 40, 64, 90)  # 90: past the largest bucket, eager
 GPU_BUCKETS = [8, 16, 32, 64]
 
@@ -425,13 +446,32 @@ def captured_output():
         logger.setLevel(level)
 
 
+def gpu_toy(variant: str, dtype: torch.dtype, device) -> ToyMultimodalModel:
+    """The runner cases' model; ``deepstack3_items``: DeepStack with k = 3 (its batches become items)."""
+    if variant == "deepstack3_items":
+        return ToyMultimodalModel("deepstack", hidden_size=128, vocab_size=GPU_VOCAB, num_layers=3, deepstack_k=3,
+                                  device=device, dtype=dtype, seed=0)
+    return ToyMultimodalModel(variant, hidden_size=128, vocab_size=GPU_VOCAB, device=device, dtype=dtype, seed=0)
+
+
+def as_block_items(model: ToyMultimodalModel, batch):
+    """``batch`` with its media as three items, each a tuple ``(main, ds_0, .., ds_k-1)`` of ``[rows, H]``
+    column blocks, as an encoder emits DeepStack features (the rows and the slab are the same)."""
+    if batch.media is None:
+        return batch
+    media = batch.media
+    m = media.shape[0]
+    cuts = [0, m // 3, (2 * m) // 3, m]
+    items = [tuple(b.clone() for b in media[lo:hi].split(model.hidden_size, 1)) for lo, hi in zip(cuts, cuts[1:])]
+    return replace(batch, media=items)
+
+
 def _nccl_runner(rank: int, world: int, device) -> dict:
     results = {}
     for placement in PLACEMENTS:
         for variant, dname in GPU_RUNNER_CONFIGS:
             dtype = DTYPES[dname]
-            model = ToyMultimodalModel(variant, hidden_size=128, vocab_size=GPU_VOCAB, device=device, dtype=dtype,
-                                       seed=0)
+            model = gpu_toy(variant, dtype, device)
             local = shard_table(model.embed_tokens.weight, GPU_VOCAB, rank, padding=GPU_PADDING)
             vocab = vocab_parallel_args(GPU_VOCAB, rank, world, padding=GPU_PADDING)
             tp_buffers, single_buffers = toy_buffers(model, 96, device), toy_buffers(model, 96, device)
@@ -447,7 +487,8 @@ def _nccl_runner(rank: int, world: int, device) -> dict:
             g = torch.Generator().manual_seed(11)
             for n in GPU_SIZES:
                 batch = runner_batch(model, n, g)
-                out = runner.run(replace(batch, table=local, **vocab), clone=True)
+                staged = as_block_items(model, batch) if variant == "deepstack3_items" else batch
+                out = runner.run(replace(staged, table=local, **vocab), clone=True)
                 bucket = runner.last_bucket
                 rows = bucket or n
                 plan_stage_batch(single_buffers, input_ids=batch.input_ids, positions=batch.positions,
