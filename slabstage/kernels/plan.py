@@ -294,7 +294,7 @@ def _scan_records(records: list, dev: int, on_cuda: bool, media):
     fields[0::4] = ptrs
     row_bytes = width * elem
     highs = [p + r * row_bytes for p, r in zip(ptrs, item_rows)]
-    return dtype, elem, list(item_rows), fields, list(ptrs), highs, width, reduce(or_, ptrs), 0, 0, 1, False, True
+    return dtype, elem, list(item_rows), fields, list(ptrs), highs, width, reduce(or_, ptrs), 0, 0, 1, False
 
 
 def _scan_items(media, device, slab_width: int, text_width: int, records=None) -> MediaPlan | None:
@@ -313,9 +313,9 @@ def _scan_items(media, device, slab_width: int, text_width: int, records=None) -
         if scan is None:
             return None
         records = None
-    dtype, elem, item_rows, fields, lows, highs, width, align, ealign, grain, blocks, uneven, plain = scan
+    dtype, elem, item_rows, fields, lows, highs, width, align, ealign, grain, blocks, uneven = scan
     k = max(blocks, 1)
-    if k > 1 and (uneven or plain or k & (k - 1)):  # pad every item to a power of two of blocks
+    if k > 1 and (uneven or k & (k - 1)):  # pad every item to a power of two of blocks
         fields = _pad_fields(fields, [len(m) if type(m) is tuple else 1 for m in media], next_pow2(k), width)
         k = next_pow2(k)  # (fewer compiled variants)
     vec = 16 // elem  # 16-byte loads need addresses (bytes), row strides and block columns (elements) to allow them
@@ -332,9 +332,9 @@ def _scan_items(media, device, slab_width: int, text_width: int, records=None) -
 
 
 def _scan_blocks(media, dev: int, on_cuda: bool, wide: bool, text_width: int):
-    """Every item (a tensor or a tuple of column blocks) read once: ``(dtype, element bytes, rows per item,
-    fields, block starts, block ends, width, or of addresses, or of row strides and widths, or of widths,
-    most blocks of an item, whether block counts differ, whether any item is one tensor)``, or None."""
+    """Every item (a tensor, taken as one block, or a tuple of column blocks) read once: ``(dtype, element
+    bytes, rows per item, fields, block starts, block ends, width, or of addresses, or of row strides and
+    widths, or of widths, most blocks of an item, whether block counts differ)``, or None."""
     try:
         first = media[0]
         dtype = (first[0] if type(first) is tuple else first).dtype
@@ -344,44 +344,17 @@ def _scan_blocks(media, dev: int, on_cuda: bool, wide: bool, text_width: int):
     item_rows, fields, lows, highs = [], [], [], []
     add_rows, add_low, add_high = item_rows.append, lows.append, highs.append  # (bound once: the loop is hot)
     width, align, ealign, grain = None, 0, 0, 0
-    blocks, uneven, plain = 0, False, False  # the most blocks of a tuple item; whether block counts differ
+    blocks, uneven = 0, False  # the most blocks of an item; whether block counts differ
     try:
         for item in media:
-            if type(item) is not tuple:  # one tensor: the usual item, read inline
-                if item.dtype is not dtype:  # dtypes are singletons; a non-tensor has no dtype
-                    return None
-                r, w = item.shape  # not 2-D: ValueError
-                if item.is_contiguous():  # (the cheaper read first): row stride w, or a row of at most one
-                    s0 = w  # (whose stride is never used; w keeps the alignment test as it is)
-                else:  # rows apart: 2+ rows (one row with columns apart is refused below)
-                    s0, s1 = item.stride()
-                    if w > 1 and s1 != 1:
-                        return None
-                    ealign |= s0
-                if w != width:
-                    if width is not None:
-                        return None
-                    width = w
-                if r:
-                    if item.get_device() != dev or not (on_cuda or item.is_cpu):  # -1 is meta too: ask is_cpu
-                        if not (on_cuda and item.is_cpu and item.is_pinned()):  # a pinned host item, read in place
-                            return None
-                    ptr = item.data_ptr()
-                    align |= ptr
-                    add_low(ptr)
-                    add_high(ptr + ((r - 1) * s0 + w) * elem)
-                    fields += (ptr, s0, 0, w)
-                else:
-                    fields += (0, s0, 0, w)
-                add_rows(r)
-                plain = True
-                continue
+            if type(item) is not tuple:  # one tensor: an item of one block
+                item = (item,)
             rows, c = -1, 0
             for t in item:
-                if t.dtype is not dtype:
+                if t.dtype is not dtype:  # dtypes are singletons; a non-tensor has no dtype
                     return None
-                r, w = t.shape
-                s0, s1 = (w, 1) if t.is_contiguous() else t.stride()
+                r, w = t.shape  # not 2-D: ValueError
+                s0, s1 = (w, 1) if t.is_contiguous() else t.stride()  # (the cheaper read first)
                 if rows < 0:
                     rows = r
                 elif r != rows:
@@ -391,8 +364,8 @@ def _scan_blocks(media, dev: int, on_cuda: bool, wide: bool, text_width: int):
                 if r:
                     if w > 1 and s1 != 1:
                         return None
-                    if t.get_device() != dev or not (on_cuda or t.is_cpu):
-                        if not (on_cuda and t.is_cpu and t.is_pinned()):
+                    if t.get_device() != dev or not (on_cuda or t.is_cpu):  # -1 is meta too: ask is_cpu
+                        if not (on_cuda and t.is_cpu and t.is_pinned()):  # a pinned host item, read in place
                             return None
                     ptr = t.data_ptr()
                     # the kernel's 16-byte loads take addresses, row strides and block columns in whole vectors
@@ -416,7 +389,7 @@ def _scan_blocks(media, dev: int, on_cuda: bool, wide: bool, text_width: int):
         return None
     if width is None:
         return None
-    return dtype, elem, item_rows, fields, lows, highs, width, align, ealign, grain, blocks, uneven, plain
+    return dtype, elem, item_rows, fields, lows, highs, width, align, ealign, grain, blocks, uneven
 
 
 def _pad_fields(fields: list, counts, k: int, width: int) -> list:
@@ -510,8 +483,8 @@ def check_embed(slab, table, n: int, *, media=None, media_index=None, pad_to=Non
 
 _WHOLE_MIN_BYTES = 1024  # ITEM_WHOLE only where the column blocks allow row pieces of at least this
 # items: row pieces of at most 4 KiB. Twice the programs of a one-tensor launch at 4096 bf16 columns, so
-# more of them are in flight while each waits on its item lookup (two dependent loads before the row);
-# measured on an H200: 16 items 1.05x of one tensor at 8192x4096 against 1.08x with 8 KiB pieces
+# more of them are in flight while each finds its item; measured on an H200 (the item table copied each
+# call): 16 items 1.05x of one tensor at 8192x4096 against 1.08x with 8 KiB pieces
 _ITEM_MAX_BYTES = 4096
 
 

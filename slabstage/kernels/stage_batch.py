@@ -244,17 +244,16 @@ class BatchStager:
         else:
             records = item_records(media) if type(media) in _SEQUENCES else None  # (None unless every item
             # is one tensor; another kind of sequence takes check_media's path, which refuses it)
-            seen = st.items_seen  # the last batch's items, when read from records: their plan's launch values
-            if records is None or seen is None or seen[1] != records or seen[0] != (tshape[1], batch.expand):
+            seen, context = st.items_seen, (tshape[1], batch.expand)  # the last batch's items, from records
+            if records is None or seen is None or seen.records != records or seen.context != context:
                 plan = check_media(media, st.device, st.width, tshape[1], batch.expand, records)
                 st.apart_all(*plan.spans)
-                seen = [(tshape[1], batch.expand), plan.records, (plan.dtype, plan.width, plan.blocks, plan.vec,
-                        plan.unit), plan.tensor.data_ptr(), plan.rows, plan.table, None]
+                seen = _ItemsSeen(context, plan)
                 # equal records give an equal plan, whose spans were just checked against these destinations
                 st.items_seen = seen if plan.records is not None else None
-            key.append(seen[2])
-            values[_MEDIA_PTR], values[_NUM_MEDIA], values[_NUM_ITEMS] = seen[3], seen[4], len(media)
-            items = seen[5]
+            key.append(seen.key)
+            values[_MEDIA_PTR], values[_NUM_MEDIA], values[_NUM_ITEMS] = seen.media_ptr, seen.rows, len(media)
+            items = seen.table
         if batch.vocab_range is None and batch.vocab_size is None and tshape[0] <= INT32_MAX:
             values[_VOCAB_START], values[_VOCAB_END], values[_VOCAB_SIZE] = 0, tshape[0], tshape[0]
         else:
@@ -290,9 +289,9 @@ class BatchStager:
                     keep = pack_to_device(st.device, [items], self.buffers.token_scratch)[0]
                     values[_ITEMS_PTR] = keep.data_ptr()
         elif items is not None:  # device inputs: the table's device copy, kept per content
-            keep = seen[6]
+            keep = seen.device_table
             if keep is None:
-                keep = seen[6] = self._tables.get(st.device, items)
+                keep = seen.device_table = self._tables.get(st.device, items)
             values[_ITEMS_PTR] = keep.data_ptr()
         mrope = batch.mrope_positions
         if mrope is not None:  # packed host rows lie back to back
@@ -362,6 +361,19 @@ class _Static:
             if start >= lo and end <= hi:
                 continue
             lo, hi = self.gaps[-1] = self.fit(start, end)
+
+
+class _ItemsSeen:
+    """What the cached path keeps of one batch's media items: its records and the launch values of its plan
+    (:meth:`BatchStager._match` reuses them for a batch whose records are equal)."""
+
+    __slots__ = ("context", "records", "key", "media_ptr", "rows", "table", "device_table")
+
+    def __init__(self, context: tuple, plan) -> None:
+        self.context, self.records = context, plan.records  # (table width, expand), the items' records
+        self.key = (plan.dtype, plan.width, plan.blocks, plan.vec, plan.unit)  # the variant key's media part
+        self.media_ptr, self.rows, self.table = plan.tensor.data_ptr(), plan.rows, plan.table
+        self.device_table = None  # the table's device copy, once a batch with device inputs asked for it
 
 
 class _Specs(dict):
