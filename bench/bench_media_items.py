@@ -70,7 +70,6 @@ from pytest_benchmark.fixture import BenchmarkFixture
 
 from slabstage import PrefillBatch, PrefillGraphRunner, StagingBuffers, new_error_word, stage_embeddings
 from slabstage.bench import TIMER_PRECISION_S
-from slabstage.kernels.plan import ITEM_TABLES
 from slabstage.models import ToyMultimodalModel
 
 HAS_CUDA = torch.cuda.is_available()
@@ -222,10 +221,8 @@ def _stager(inp: MediaInputs, media_of):
 
 
 def _items_new_table(inp: MediaInputs):
-    """The items, with the kept item tables forgotten first: each call copies its table to the device, as the
-    first staging of new items does."""
+    """The items (every call writes their table into the parameter block: nothing is kept between calls)."""
     def media():
-        ITEM_TABLES.clear()
         return inp.items
     return media
 

@@ -18,13 +18,15 @@ __all__ = [
     "NotAnIntError",
     "INT_DTYPES",
     "INT32_MAX",
+    "check_bool",
     "check_choice",
     "check_fill",
     "check_int",
     "check_real",
     "check_tensor",
-    "check_no_overlap",
+    "overlap_message",
     "byte_span",
+    "extent",
     "dtype_holds",
     "is_int",
 ]
@@ -79,6 +81,13 @@ def check_real(name: str, v: object, *, finite: bool = True) -> float:
     return f
 
 
+def check_bool(name: str, v: object) -> bool:
+    """``v`` must be a bool itself: ``1``, ``np.True_`` and other look-alikes are refused."""
+    if type(v) is not bool:
+        raise TypeError(f"{name} must be a bool, got {v!r} ({type(v).__name__})")
+    return v
+
+
 def check_choice(name: str, v: object, choices: tuple) -> object:
     if not any(v == c and type(v) is type(c) for c in choices):
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {v!r}")
@@ -98,6 +107,9 @@ def check_tensor(name: str, t: object, *, dtypes=None, device=None, host_ok: boo
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout is not torch.strided or t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a "
+                        f"{'nested' if t.is_nested else str(t.layout).replace('torch.', '')} tensor")
     if dtypes is not None and t.dtype not in dtypes:
         raise TypeError(f"{name} dtype must be one of {_dtype_names(dtypes)}, got {t.dtype}")
     if device is not None and t.device != device and not (host_ok and t.device.type == "cpu"):
@@ -114,24 +126,23 @@ def check_tensor(name: str, t: object, *, dtypes=None, device=None, host_ok: boo
     return t
 
 
+def extent(shape, stride) -> int:
+    """Elements from a tensor's first to one past its last (0 when it has none)."""
+    if 0 in shape:
+        return 0
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride))
+
+
 def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last) bytes of storage that ``t`` can touch."""
-    if t.numel() == 0:
-        return 0, 0
     start = t.data_ptr()
-    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
-    return start, start + extent * t.element_size()
+    return start, start + extent(t.shape, t.stride()) * t.element_size()
 
 
-def check_no_overlap(dst_name: str, dst: torch.Tensor, src_name: str, src: torch.Tensor | None) -> None:
-    """Raise ``ValueError`` when ``src`` may share memory with ``dst`` (a read would see this launch's writes)."""
-    if src is None or src.device != dst.device or src.numel() == 0 or dst.numel() == 0:
-        return
-    a0, a1 = byte_span(dst)
-    b0, b1 = byte_span(src)
-    if a0 < b1 and b0 < a1:
-        raise ValueError(f"{src_name} overlaps {dst_name} in memory: a staging source must not share "
-                         f"storage with the buffer it is written into")
+def overlap_message(src_name: str, dst_name: str) -> str:
+    """What an overlap error says: ``src_name`` shares storage with ``dst_name``, which a launch writes."""
+    return (f"{src_name} overlaps {dst_name} in memory: a staging source must not share storage with the "
+            f"buffer it is written into")
 
 
 def dtype_holds(dtype: torch.dtype, value) -> bool:

@@ -18,7 +18,7 @@ Read the tables below as the spec. Two kinds of problem:
 Devices: on CPU the Triton kernels run under the interpreter and a tensor on
 ``torch.device("meta")`` plays the foreign device; on CUDA a CPU tensor does,
 except where host tensors are legitimate inputs (the integer inputs of
-stage_token_inputs, plan_stage_batch and the runner), where ``meta`` does.
+stage_token_inputs, stage_batch and the runner), where ``meta`` does.
 CUDA-only rows (a slot reallocated after capture, forward raising inside
 capture) follow the tables.
 """
@@ -36,7 +36,7 @@ import slabstage as ss
 from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, BufferRegistry, CaptureError,
                        PrefillBatch, PrefillGraphRunner, RegistryMismatchError, StagingBuffers, WidthContractError)
 from slabstage.kernels import default_error_word, reset_errors
-from slabstage.kernels.stage_batch import plan_stage_batch
+from slabstage.kernels.launch import stage_batch
 from slabstage.models import ToyMultimodalModel
 
 HAS_CUDA = torch.cuda.is_available()
@@ -108,7 +108,7 @@ class Ctx(SimpleNamespace):
     def psb(self, **kw):
         a = {**self.token_inputs(table=self.table, media=self.media, media_index=self.media_index, pad_to=PAD),
              **kw}
-        return plan_stage_batch(self.buffers, **a)()
+        return stage_batch(self.buffers, **a)
 
     def mis(self, spans=SPANS, num_tokens=N, **kw):
         return ss.media_index_from_spans(spans, num_tokens, device=self.device, **{"num_media_rows": M, **kw})
@@ -222,7 +222,7 @@ class Case(NamedTuple):
 
 
 C = Case
-SE, STI, PSB = "stage_embeddings", "stage_token_inputs", "plan_stage_batch"
+SE, STI, PSB = "stage_embeddings", "stage_token_inputs", "stage_batch"
 MIS, MIM, ALLOC = "media_index_from_spans", "media_index_from_mask", "StagingBuffers.allocate"
 REG, WIDTH, BATCH = "BufferRegistry", "resolve_input_embeds_width", "PrefillBatch"
 RUN, RUNNER = "PrefillGraphRunner.run", "PrefillGraphRunner()"
@@ -344,7 +344,7 @@ HOST_CASES = [
       ValueError, f"{B + 1} requests exceed max_batch_size={B}"),
     C(STI, "mrope_positions without an mrope slot", lambda c: c.sti(buffers=c.plain), ValueError,
       "allocated without mrope=True"),
-    # -- plan_stage_batch (checked when planned: the launch is never made) ---------------------------
+    # -- stage_batch (the runner's one launch, outside the runner) ---------------------------------------
     C(PSB, "dtype: input_ids float", lambda c: c.psb(input_ids=c.ids.float()), TypeError,
       "input_ids dtype must be one of int32, int64, got torch.float32"),
     C(PSB, "dtype: table int", lambda c: c.psb(table=c.ints(9, V, W)), TypeError, "table dtype must be"),

@@ -176,17 +176,6 @@ def test_constructor_with_own_registry(device):
     assert reg.slot("positions").fill_value == -1
 
 
-def test_token_scratch_reused(device):
-    buf = allocate(device)
-    a = buf.token_scratch(10)
-    assert a.dtype == torch.uint8 and a.numel() == 10 and same_device(a, device)
-    b = buf.token_scratch(30)
-    assert b.data_ptr() == a.data_ptr()  # within the first allocation: reused
-    big = buf.token_scratch(1_000_000)
-    assert big.numel() == 1_000_000
-    assert buf.token_scratch(5).data_ptr() == big.data_ptr()
-
-
 def test_repr_names_slots(device):
     r = repr(allocate(device, mrope=True))
     assert "mrope_positions" in r and "embed_width=24" in r and "bfloat16" in r

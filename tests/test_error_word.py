@@ -30,7 +30,7 @@ from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, Pref
                        StagingError, media_index_from_mask, new_error_word, raise_if_errors, reset_errors,
                        stage_embeddings)
 from slabstage.kernels import default_error_word
-from slabstage.kernels.stage_batch import plan_stage_batch
+from slabstage.kernels.launch import stage_batch
 
 NO_ROW = 2**31 - 1
 CLEAN = [0, 0, NO_ROW, 0]
@@ -288,8 +288,8 @@ def test_batch_staging_and_the_runner_report_into_the_buffers_word(device):
     reset_errors(buffers.errors)
     table, media, _, index = inputs(device)
     ids = with_ids(device, r11=V)
-    plan_stage_batch(buffers, input_ids=ids, positions=torch.arange(12, device=device), table=table, media=media,
-                     media_index=index, pad_to=12)()
+    stage_batch(buffers, input_ids=ids, positions=torch.arange(12, device=device), table=table, media=media,
+                     media_index=index, pad_to=12)
     assert buffers.errors.tolist() == [BAD_TOKEN_ID, 1, 11, 0] and default.tolist() == CLEAN
     runner = PrefillGraphRunner(lambda v: v["input_embeds"] * 1, buffers, buckets=[16], progress=False).capture()
     runner.run(PrefillBatch(input_ids=ids.cpu(), positions=torch.arange(12), table=table, media=media,

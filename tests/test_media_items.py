@@ -25,9 +25,6 @@ from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, Pref
                        StagingBuffers, StagingError, WidthContractError, media_index_from_mask, new_error_word,
                        stage_embeddings)
 from slabstage.kernels import default_error_word
-import slabstage.kernels.plan as plan_module
-from slabstage.kernels.plan import ITEM_TABLES, check_media, row_settings
-from slabstage.kernels.runtime import use_triton
 from slabstage.models import VARIANTS, ToyMultimodalModel, make_batch
 
 NO_ROW = 2**31 - 1
@@ -377,23 +374,23 @@ def test_odd_widths_and_block_splits(W, splits, device):
 
 @pytest.mark.parametrize("dtype, unit", [(F32, 512), (BF16, 512), (F16, 1024)])
 def test_programs_inside_one_column_block(dtype, unit, device):
-    """Block widths in multiples of a unit (1 KiB of bf16 slab row), split differently per item: BLOCK divides
-    every boundary, so each program's columns lie in one block of every item and the kernel loads it alone."""
+    """Block widths in multiples of a unit (1 KiB of bf16 slab row), split differently per item: each program's
+    columns lie in one block of every item (the kernel skips the blocks it misses) and every row is right."""
     g = gen(unit)
     W, V, n = 4 * unit, 19, 31
     splits = [(unit,) * 4, (2 * unit, unit, unit), (unit, 3 * unit), None, (W,), (3 * unit, unit)]
     rows = [5, 3, 0, 6, 2, 4]
     items = make_items(g, rows, W, dtype, device, splits)
-    plan = check_media(items, torch.device(device), W, W, "zeros")
     slab = poisoned(n + 3, W, BF16, device)
-    block, _, whole = row_settings(slab, W, plan, "zeros")
-    assert whole and unit % block == 0, (block, whole)
     ids = randint(g, 0, V, n, device=device)
     index = scattered_index(g, n, rows, sum(rows) + 3, device=device)
     errors = stage_and_check(slab, ids, randn(g, V, W, BF16, device), media=items, media_index=index, pad_to=n + 2)
     assert errors.tolist() == CLEAN
     narrow = make_items(g, [4], W, dtype, device, [(64, W - 64)])  # a boundary 128 bytes of slab row in
-    assert not row_settings(slab, W, check_media(narrow, torch.device(device), W, W, "zeros"), "zeros")[2]
+    index = scattered_index(g, n, [4], 4, device=device)
+    errors = stage_and_check(poisoned(n, W, BF16, device), ids, randn(g, V, W, BF16, device), media=narrow,
+                             media_index=index)
+    assert errors.tolist() == CLEAN
 
 
 @pytest.mark.parametrize("W, Ht, Hm, expand, split", [
@@ -553,39 +550,6 @@ def test_items_back_to_back(device):
     check(items[:2], index)
 
 
-
-def test_item_table_is_copied_once_per_content(device, monkeypatch):
-    """stage_embeddings keeps each item table on the device: the same items staged again skip its copy;
-    items that moved get a new table; the tables kept are bounded."""
-    if not use_triton(torch.empty(0, device=device)):
-        pytest.skip("the reference path reads the items in place: no table")
-    copies = []
-    real = plan_module.pack_to_device
-    monkeypatch.setattr(plan_module, "pack_to_device", lambda *a, **k: copies.append(1) or real(*a, **k))
-    monkeypatch.setattr(ITEM_TABLES, "KEPT", 2)
-    ITEM_TABLES.clear()
-    g = gen(17)
-    W, V, n = 32, 20, 15
-    table = randn(g, V, W, F32, device)
-    ids = randint(g, 0, V, n, device=device)
-    rows = [4, 5]
-    index = scattered_index(g, n, rows, 9, device=device)
-    items = make_items(g, rows, W, F32, device, [None, (8, 24)])
-
-    def check(media):
-        stage_and_check(poisoned(n, W, BF16, device), ids, table, media=media, media_index=index)
-
-    check(items)
-    check(list(items))  # a new list of the same tensors: the same table
-    assert len(copies) == 1
-    moved = [t.clone() for t in items[:1]] + [tuple(b.clone() for b in items[1])]
-    check(moved)  # new addresses: a new table, read right
-    assert len(copies) == 2
-    check(items)
-    assert len(copies) == 2
-    check(make_items(g, rows, W, F32, device, [(16, 16), None]))  # a third table: the kept ones are dropped
-    assert len(copies) == 3 and len(ITEM_TABLES._tables) == 1
-    ITEM_TABLES.clear()
 
 def test_strict_and_the_error_word_with_items(device):
     g = gen(16)
@@ -1112,37 +1076,6 @@ def test_cuda_runner_refuses_pageable_items_before_any_write():
         assert same_bytes(buffers.registry[slot], t), slot
 
 
-
-@pytest.mark.cuda
-def test_cuda_item_tables_are_kept_per_stream_and_not_under_capture():
-    """A table is reused only on the stream whose copy wrote it; a capture records its own copy."""
-    g = gen(33)
-    W, V, n = 64, 40, 24
-    rows = [5, 7]
-    items = make_items(g, rows, W, F32, "cuda", [None, (32, 32)])
-    ids = randint(g, 0, V, n, device="cuda")
-    index = scattered_index(g, n, rows, 12, device="cuda")
-    table = randn(g, V, 32, BF16, "cuda")
-    slab = poisoned(n, W, BF16, "cuda")
-    ITEM_TABLES.clear()
-    stage_embeddings(slab, ids, table, media=items, media_index=index)
-    assert len(ITEM_TABLES._tables) == 1
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        stage_embeddings(slab, ids, table, media=items, media_index=index)
-    torch.cuda.current_stream().wait_stream(side)
-    assert len(ITEM_TABLES._tables) == 2
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        stage_embeddings(slab, ids, table, media=items, media_index=index)
-    assert len(ITEM_TABLES._tables) == 2  # the graph's copy is its own
-    ITEM_TABLES.clear()  # the graph must not depend on the kept tables
-    slab.fill_(NAN)
-    graph.replay()
-    torch.cuda.synchronize()
-    want, _ = expected_slab(poisoned(n, W, BF16, "cpu"), ids, table, items, index)
-    assert_same_slab(slab, want)
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("where", ["device", "pinned"])

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import slabstage as ss
-from slabstage.kernels.stage_batch import plan_stage_batch
+from slabstage.kernels.launch import stage_batch
 
 
 def _buffers(device, mrope=True):
@@ -41,8 +41,8 @@ def test_fused_equals_separate_ops(device, n, pad_to, expand, host):
     fused, separate = _buffers(device), _buffers(device)
     _poison(fused)
     _poison(separate)
-    plan_stage_batch(fused, table=table, media=media, media_index=move(index), expand=expand, text_scale=0.5,
-                     pad_to=pad_to, **inputs)()
+    stage_batch(fused, table=table, media=media, media_index=move(index), expand=expand, text_scale=0.5,
+                     pad_to=pad_to, **inputs)
     ss.stage_token_inputs(separate, pad_to=pad_to, **{k: v.to(device) for k, v in inputs.items()})
     ss.stage_embeddings(separate.input_embeds, ids.to(device), table, media=media, media_index=index.to(device),
                         expand=expand, text_scale=0.5, pad_to=pad_to, errors=separate.errors)
@@ -60,7 +60,7 @@ def test_fused_checks_before_writing(device):
     before = {k: buf.registry[k].clone() for k in buf.registry}
     table = torch.randn(10, 200, device=device)  # wider than the slab
     with pytest.raises(ValueError, match="too narrow"):
-        plan_stage_batch(buf, input_ids=torch.zeros(4, dtype=torch.int64), positions=torch.arange(4),
+        stage_batch(buf, input_ids=torch.zeros(4, dtype=torch.int64), positions=torch.arange(4),
                          table=table, pad_to=8)
     for k, t in before.items():
         assert torch.equal(buf.registry[k].nan_to_num(1.0), t.nan_to_num(1.0)), k

@@ -449,12 +449,12 @@ def test_triton_kernel_runs_not_the_reference(device, monkeypatch):
     """Under the interpreter (CPU) and on CUDA the Triton kernel is what these tests check."""
     import importlib
 
-    mod = importlib.import_module("slabstage.kernels.stage_token_inputs")  # the package's name is the function
+    mod = importlib.import_module("slabstage.kernels.launch")  # where the one path picks kernel or reference
 
     def no_reference(*args, **kwargs):
         raise AssertionError("the PyTorch reference ran instead of the Triton kernel")
 
-    monkeypatch.setattr(mod, "stage_token_inputs_reference", no_reference)
+    monkeypatch.setattr(mod, "stage_reference", no_reference)
     g = torch.Generator().manual_seed(12)
     buf = allocate(device)
     before = poison(buf)

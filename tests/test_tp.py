@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 
 from slabstage import PrefillGraphRunner, StagingBuffers, stage_embeddings
 from slabstage.distributed import SlabAllReduce, all_reduce_in_forward, vocab_parallel_args, vocab_shard
-from slabstage.kernels.stage_batch import plan_stage_batch
+from slabstage.kernels.launch import stage_batch
 from slabstage.models import ToyMultimodalModel, make_batch
 
 WORLD = 2
@@ -210,9 +210,9 @@ def test_block_items_of_the_nccl_deepstack_case_stage_the_same_slab():
         slabs = []
         for b in (batch, items):
             buffers = toy_buffers(model, 48)
-            plan_stage_batch(buffers, input_ids=b.input_ids, positions=b.positions, table=b.table,
+            stage_batch(buffers, input_ids=b.input_ids, positions=b.positions, table=b.table,
                              seq_lens=b.seq_lens, extend_start_loc=b.extend_start_loc, media=b.media,
-                             media_index=b.media_index, expand=b.expand, pad_to=n)()
+                             media_index=b.media_index, expand=b.expand, pad_to=n)
             slabs.append(buffers.input_embeds[:n].clone())
         assert torch.equal(slabs[0], slabs[1])
 
@@ -491,10 +491,10 @@ def _nccl_runner(rank: int, world: int, device) -> dict:
                 out = runner.run(replace(staged, table=local, **vocab), clone=True)
                 bucket = runner.last_bucket
                 rows = bucket or n
-                plan_stage_batch(single_buffers, input_ids=batch.input_ids, positions=batch.positions,
+                stage_batch(single_buffers, input_ids=batch.input_ids, positions=batch.positions,
                                  table=batch.table, seq_lens=batch.seq_lens, extend_start_loc=batch.extend_start_loc,
                                  media=batch.media, media_index=batch.media_index, expand=batch.expand,
-                                 pad_to=rows)()
+                                 pad_to=rows)
                 ref = model(single_buffers.registry.views(rows))[:n]  # the single-GPU eager result, same shape
                 torch.cuda.synchronize()
                 record["runs"].append(dict(

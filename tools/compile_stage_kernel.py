@@ -1,10 +1,13 @@
 """Compile the staging kernel for sm_90 on any machine (no GPU needed) and count its global loads by width.
 
-    python tools/compile_stage_kernel.py            # one JSON line per configuration
+    python tools/compile_stage_kernel.py            # one JSON line per slab configuration
 
-Triton's wheel carries ptxas, so the PTX of a configuration can be read where no GPU is:
-a media path whose 16-byte loads fell back to 2-byte ones (a mask or offset Triton cannot
-prove aligned) shows here as ``scalar_b16`` loads. tests/test_stage_kernel_codegen.py runs it.
+Triton's wheel carries ptxas, so the PTX can be read where no GPU is. The kernel reads
+every source through an address from its parameter block, in two instances: one that
+promises 16-byte alignment (taken when the host found it) and one that promises nothing.
+``loads_v4`` counts the 16-byte loads: the promising instance of the text and the media
+path must have them (``expected_v4``); if a change loses the promise, they fall back to
+scalar loads and the count drops. tests/test_stage_kernel_codegen.py runs it.
 """
 
 from __future__ import annotations
@@ -20,37 +23,33 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from slabstage.kernels.stage_kernel import MEDIA_ITEMS, MEDIA_TENSOR, STAGE, stage_kernel  # noqa: E402
+from slabstage.kernels.runtime import row_launch_config  # noqa: E402
+from slabstage.kernels.stage_kernel import stage_kernel  # noqa: E402
+from slabstage.staging.slots import SLOTS  # noqa: E402
 
-_FLOAT_PTRS = ("slab_ptr", "table_ptr", "media_ptr")
+_ARGS = ("params_ptr", "errors_ptr", "slab_ptr", "pad_to")
+_DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
-def load_counts(media_mode: int, width: int, blocks: int, block: int = 4096) -> dict:
-    """Global load and store counts of the embedding half, bf16, every pointer and stride 16-byte aligned."""
-    names = [*STAGE.runtime, *STAGE.constexprs]
-    signature = {}
-    for name in STAGE.runtime:
-        if name.endswith("_ptr"):
-            signature[name] = "*bf16" if name in _FLOAT_PTRS else ("*i32" if name == "errors_ptr" else "*i64")
-        else:
-            signature[name] = "fp32" if name == "text_scale" else "i32"
-    constexprs = dict(STAGE.defaults)
-    constexprs.update(EMBED=True, TOKENS=False, WIDTH=width, TEXT_WIDTH=width // blocks, MEDIA_WIDTH=width,
-                      BLOCK=min(block, width), COL_BLOCKS=-(-width // min(block, width)), MEDIA_MODE=media_mode,
-                      ITEM_BLOCKS=blocks, ITEM_VEC=8, MEDIA_OWNER=True)
-    for name in STAGE.constexprs:
-        signature[name] = "constexpr"
-    aligned = [k for k in STAGE.runtime if k.endswith("_ptr") or k.startswith("stride_")]
-    source = ASTSource(stage_kernel, signature,
-                       constexprs={(names.index(k),): constexprs[k] for k in STAGE.constexprs},
-                       attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned})
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
-    return dict(media_mode=media_mode, width=width, blocks=blocks,
-                loads=len(re.findall(r"ld\.global", ptx)), loads_v4=len(re.findall(r"ld\.global[^\n]*\.v4", ptx)),
-                scalar_b16=len(re.findall(r"ld\.global(\.[a-z0-9]+)*\.b16 ", ptx)))
+def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
+    """Global load counts of the kernel for a slab of ``width`` columns of ``slab`` dtype."""
+    block, num_warps = row_launch_config(width, _DTYPES[slab])
+    constexprs = dict(EMBED=True, WIDTH=width, BLOCK=block, COL_BLOCKS=-(-width // block),
+                      NUM_SLOTS=len(SLOTS) if slots else 0, REQ_BLOCK=8)
+    names = [*_ARGS, *constexprs]
+    signature = dict(params_ptr="*i64", errors_ptr="*i32", slab_ptr=f"*{slab}", pad_to="i32",
+                     **{k: "constexpr" for k in constexprs})
+    source = ASTSource(stage_kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
+                       attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)).asm["ptx"]
+    per_thread = block // (32 * num_warps)  # elements of a row piece each thread holds
+    # the promising instance, per source (text, media): 16-byte loads of fp16, bf16 and fp32 rows
+    expected = 2 * (2 * max(1, per_thread // 8) + max(1, per_thread // 4))
+    return dict(width=width, slab=slab, block=block, num_warps=num_warps, loads=len(re.findall(r"ld\.global", ptx)),
+                loads_v4=len(re.findall(r"ld\.global[^\n]*\.v4", ptx)), expected_v4=expected)
 
 
 if __name__ == "__main__":
-    for mode, width, blocks in ((MEDIA_TENSOR, 4096, 1), (MEDIA_ITEMS, 4096, 1), (MEDIA_ITEMS, 8192, 4)):
-        print(json.dumps(load_counts(mode, width, blocks)))
+    for width, slab in ((4096, "bf16"), (8192, "bf16"), (4096, "fp32")):
+        print(json.dumps(load_counts(width, slab)))
     sys.exit(0)

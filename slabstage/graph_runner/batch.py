@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Sequence, Union
 
 import torch
 
-from ..checks import FLOAT_DTYPES, check_choice, check_tensor
-from ..kernels.plan import check_token_sources
+from ..kernels.validate import check_sources
+from ..staging.slots import SOURCE_SLOTS
 
 __all__ = ["PrefillBatch", "Media"]
 
@@ -20,15 +20,15 @@ Media = Union[torch.Tensor, Sequence[Union[torch.Tensor, tuple]]]
 class PrefillBatch:
     """One prefill batch of ``n`` tokens.
 
-    Integer inputs may live on the host (as a scheduler builds them) or on the
-    device; ``table`` lives on the buffers' device. ``media`` is one 2-D tensor or
-    a list of items (see :func:`slabstage.stage_embeddings`); ``media_index[r] >= 0``
-    makes row ``r`` a media row. ``mrope_positions`` is ``[3, n]``.
-    ``vocab_range``, ``vocab_size`` and ``media_owner`` are for vocab-parallel
-    (tensor-parallel) staging.
+    Integer inputs (one field per integer slot of :data:`slabstage.staging.slots.SLOTS`)
+    may live on the host (as a scheduler builds them) or on the device; ``table`` lives
+    on the buffers' device. ``media`` is one 2-D tensor or a list of items (see
+    :func:`slabstage.stage_embeddings`); ``media_index[r] >= 0`` makes row ``r`` a
+    media row. ``mrope_positions`` is ``[3, n]``. ``vocab_range``, ``vocab_size`` and
+    ``media_owner`` are for vocab-parallel (tensor-parallel) staging.
 
     Construction checks what needs no buffers (kinds, ranks, lengths); the runner
-    checks the rest, against its buffers, before it writes anything.
+    checks everything again, against its buffers, before it writes anything.
     """
 
     input_ids: torch.Tensor
@@ -47,22 +47,16 @@ class PrefillBatch:
     media_owner: bool = True
 
     def __post_init__(self) -> None:
-        _, n, _ = check_token_sources(
-            None, input_ids=self.input_ids, positions=self.positions, out_cache_loc=self.out_cache_loc,
-            mrope_positions=self.mrope_positions, seq_lens=self.seq_lens, extend_start_loc=self.extend_start_loc)
-        if n == 0:
+        check_sources(self)
+        if self.input_ids.shape[0] == 0:
             raise ValueError("PrefillBatch is empty: input_ids has 0 tokens")
-        check_tensor("table", self.table, dtypes=FLOAT_DTYPES, dims=2)
-        if self.media_index is not None:
-            check_tensor("media_index", self.media_index, shape=(n,))
         if (self.seq_lens is None) != (self.extend_start_loc is None):
             raise ValueError("PrefillBatch: give seq_lens and extend_start_loc together, or neither")
-        if isinstance(self.media, torch.Tensor):
-            check_tensor("media", self.media, dtypes=FLOAT_DTYPES, dims=2)
-        if self.media is not None and self.media_index is None:
-            raise ValueError("PrefillBatch.media was given without media_index")
-        check_choice("expand", self.expand, ("zeros", "repeat"))
 
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+
+# a slot declared in slabstage.staging.slots needs its field here
+assert {s.name for s in SOURCE_SLOTS} <= {f.name for f in fields(PrefillBatch)}, "PrefillBatch lacks a slot field"

@@ -1,6 +1,7 @@
 """Hugging Face model adapters: the slab width, a capturable prefill forward, media items,
 mrope positions and request packing for Llama, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL
-and Qwen3-VL-MoE (transformers 5.x, an optional extra: ``pip install 'slabstage[hf]'``).
+and Qwen3-VL-MoE (``transformers>=5.1,<6``, an optional extra: ``pip install 'slabstage[hf]'``; an
+older transformers is refused on first use).
 
 Every function takes the model as loaded (``...ForConditionalGeneration``, ``...Model``,
 ``LlamaForCausalLM``, ...). See docs/hf.md.

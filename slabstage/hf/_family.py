@@ -1,18 +1,24 @@
 """Which Hugging Face model family a loaded model belongs to, and where its parts are.
 
-One place that knows transformers' layout (checked against transformers 5.x):
+One place that knows transformers' layout (checked against transformers 5.1 to 5.x):
 ``...ForConditionalGeneration`` / ``...ForCausalLM`` wrap a base model
 (``model.model``); a VLM's base model holds ``visual`` and ``language_model``;
 a decoder LM's base model is itself the language model.
+
+Every entry point calls :func:`family_of` first, so the checks that hold for all of
+them live here: the transformers version, and (for the entry points that run packed
+sequences through the rotary embedding) the refusal of length-dependent rope.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..staging.width import WidthContractError
 
-__all__ = ["Family", "family_of", "TEXT_FAMILIES", "MROPE_FAMILIES", "DEEPSTACK_FAMILIES"]
+__all__ = ["Family", "family_of", "TEXT_FAMILIES", "MROPE_FAMILIES", "DEEPSTACK_FAMILIES", "MIN_TRANSFORMERS",
+           "length_dependent_rope"]
 
 TEXT_FAMILIES = ("llama", "qwen2", "qwen3")
 MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
@@ -20,6 +26,13 @@ DEEPSTACK_FAMILIES = ("qwen3_vl", "qwen3_vl_moe")
 SUPPORTED = TEXT_FAMILIES + MROPE_FAMILIES + DEEPSTACK_FAMILIES
 # the text halves of the VLMs above, loaded alone: no vision tower, no DeepStack levels, no rope index
 BARE_TEXT_OF_VLM = tuple(f"{f}_text" for f in MROPE_FAMILIES + DEEPSTACK_FAMILIES)
+# 5.0.0 cannot build Qwen3-VL-MoE's text model (it reads a pad_token_id its config lacks); 5.1 and 5.2 take
+# get_rope_index without mm_token_type_ids, which slabstage.hf.mrope_positions handles. Keep in step with
+# pyproject.toml's hf and test extras, docs/hf.md and tests/test_hf_defects.py.
+MIN_TRANSFORMERS = "5.1.0"
+# the entry points that run several packed sequences through one rotary call: there a rope whose frequencies
+# follow the longest position in the call would give every sequence the frequencies of the longest one
+PACKED_ROPE_ENTRY_POINTS = ("prefill_forward", "pack_requests")
 
 
 @dataclass(frozen=True)
@@ -50,19 +63,44 @@ class Family:
         return len(self.language_model.layers)
 
     @property
-    def deepstack_levels(self) -> int:
-        """How many DeepStack levels HF actually adds: one per decoder layer, from layer 0, at most."""
+    def deepstack_features(self) -> int:
+        """How many DeepStack features the vision tower emits per item.
+
+        HF's tower walks its blocks once and emits one feature after block ``i`` when ``i`` is in
+        ``deepstack_visual_indexes``: an index past the tower's depth (or negative) emits nothing and a
+        repeated index emits once (the first of its mergers).
+        """
         if not self.has_deepstack:
             return 0
-        return min(len(self.vision_config.deepstack_visual_indexes or ()), self.num_layers)
+        tower = self.base.visual
+        indexes = getattr(tower, "deepstack_visual_indexes", None)
+        if indexes is None:
+            indexes = self.vision_config.deepstack_visual_indexes
+        indexes = list(indexes or ())
+        blocks = getattr(tower, "blocks", None)
+        depth = len(blocks) if blocks is not None else int(self.vision_config.depth)
+        return sum(1 for i in range(depth) if i in indexes)
+
+    @property
+    def deepstack_levels(self) -> int:
+        """How many DeepStack levels HF actually adds: the features the tower emits, feature ``i`` after
+        decoder layer ``i``, so at most one per decoder layer."""
+        return min(self.deepstack_features, self.num_layers)
 
 
 def family_of(model: object, what: str) -> Family:
     """Identify ``model`` (a transformers model as loaded) or raise naming what it lacks.
 
-    Raises :class:`WidthContractError` for the bare text model of a VLM (no DeepStack
-    information, no vision tower) and ``TypeError`` for anything unsupported.
+    ``what`` is the calling entry point's name (``"pack_requests"``, ...): it prefixes the errors
+    and, for :data:`PACKED_ROPE_ENTRY_POINTS`, turns on the rope check below.
+
+    Raises ``ImportError`` for a transformers older than :data:`MIN_TRANSFORMERS`,
+    :class:`WidthContractError` for the bare text model of a VLM (no DeepStack
+    information, no vision tower), ``TypeError`` for anything unsupported, and, from
+    ``prefill_forward`` and ``pack_requests``, ``ValueError`` for a rope whose frequencies
+    depend on the sequence length (:func:`length_dependent_rope`).
     """
+    _require_transformers(what)
     where = type(model).__name__
     config = getattr(model, "config", None)
     name = getattr(config, "model_type", None)
@@ -88,4 +126,59 @@ def family_of(model: object, what: str) -> Family:
         raise TypeError(f"slabstage.hf.{what}: {where} ({name}) lacks its vision tower (.visual) or vision_config")
     if getattr(text_config, "hidden_size", None) is None:
         raise TypeError(f"slabstage.hf.{what}: {where}'s text config lacks hidden_size")
-    return Family(name, model, base, lm, text_config, vision_config)
+    fam = Family(name, model, base, lm, text_config, vision_config)
+    if what in PACKED_ROPE_ENTRY_POINTS:
+        rope = length_dependent_rope(fam)
+        if rope is not None:
+            raise ValueError(
+                f"slabstage.hf.{what}: {where} uses rope type {rope!r}, whose frequencies HF recomputes from the "
+                f"longest position of each forward call; packed requests (and a captured graph) cannot follow "
+                f"that, so {rope!r} rope is not supported: use a model with a fixed-frequency rope "
+                f"(default, linear, yarn, llama3, ...)")
+    return fam
+
+
+def _rope_types(fam: Family) -> list[str]:
+    """The rope type(s) the language model's rotary embedding runs (one per layer type when it keys them)."""
+    rotary = fam.language_model.rotary_emb
+    kind = getattr(rotary, "rope_type", None)
+    if isinstance(kind, dict):  # rope_parameters keyed by layer type
+        return [str(k) for k in kind.values()]
+    if kind is None:
+        params = getattr(fam.text_config, "rope_parameters", None) or {}
+        kind = params.get("rope_type", "default")
+    return [str(kind)]
+
+
+def length_dependent_rope(fam: Family) -> str | None:
+    """The rope type of ``fam``'s language model when its frequencies depend on the sequence length
+    at run time, else None.
+
+    These are the types HF's ``dynamic_rope_update`` recomputes in the forward from
+    ``max(position_ids) + 1`` of the call: any type whose name holds ``"dynamic"`` (dynamic
+    NTK: rescaled past ``max_position_embeddings``) and ``"longrope"`` (``long_factor`` past
+    ``original_max_position_embeddings``, ``short_factor`` below; transformers up to 5.18 at
+    least also branches on the host there, which no CUDA graph captures). Every other type in
+    ``ROPE_INIT_FUNCTIONS`` (default, linear, yarn, llama3, proportional) has fixed frequencies.
+    """
+    for kind in _rope_types(fam):
+        if "dynamic" in kind or kind == "longrope":
+            return kind
+    return None
+
+
+def _require_transformers(what: str) -> None:
+    try:
+        import transformers
+    except ImportError:  # not a transformers model then: the type checks of family_of say so
+        return
+    _check_version(what, getattr(transformers, "__version__", "0"))
+
+
+@functools.lru_cache(maxsize=None)
+def _check_version(what: str, found: str) -> None:
+    from packaging.version import Version  # a dependency of transformers
+
+    if Version(found) < Version(MIN_TRANSFORMERS):
+        raise ImportError(f"slabstage.hf.{what} needs transformers>={MIN_TRANSFORMERS},<6, found {found}: "
+                          f"pip install 'slabstage[hf]' (or pip install 'transformers>={MIN_TRANSFORMERS},<6')")

@@ -24,7 +24,7 @@ def _text(hidden, layers, heads, kv_heads, intermediate, vocab, **extra) -> dict
 
 
 def _config(family: str, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
-            deepstack: int):
+            deepstack: int, deepstack_indexes=None, vision_depth=None, text_rope=None):
     import transformers as tf
 
     head_dim = hidden // heads
@@ -32,6 +32,10 @@ def _config(family: str, hidden: int, layers: int, heads: int, kv_heads: int, in
     rope = {"rope_type": "default", "rope_theta": 10000.0,
             "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter]}
     text = _text(hidden, layers, heads, kv_heads, intermediate, vocab)
+    if text_rope is not None:
+        if "vl" in family:
+            raise ValueError("tiny_model: rope= is for the decoder LMs (the VLMs take mrope parameters)")
+        text["rope_parameters"] = dict(text_rope)
     ids = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
                vision_end_token_id=VISION_END)
     vision = dict(depth=2, num_heads=2, in_channels=3, patch_size=PATCH, spatial_merge_size=MERGE,
@@ -50,9 +54,10 @@ def _config(family: str, hidden: int, layers: int, heads: int, kv_heads: int, in
             text_config=dict(text, rope_parameters=rope),
             vision_config=dict(vision, hidden_size=16, intermediate_size=32, out_hidden_size=hidden,
                                window_size=PATCH * MERGE * 2, fullatt_block_indexes=[1]), **ids)
+    indexes = list(range(deepstack)) if deepstack_indexes is None else list(deepstack_indexes)
     q3_vision = dict(vision, hidden_size=16, intermediate_size=32, out_hidden_size=hidden,
-                     num_position_embeddings=16, deepstack_visual_indexes=list(range(deepstack)),
-                     depth=max(2, deepstack))
+                     num_position_embeddings=16, deepstack_visual_indexes=indexes,
+                     depth=vision_depth or max(2, deepstack))
     q3_text = dict(text, head_dim=head_dim, rope_parameters=dict(rope, mrope_interleaved=True))
     if family == "qwen3_vl":
         return tf.Qwen3VLConfig(text_config=q3_text, vision_config=q3_vision, **ids)
@@ -65,12 +70,18 @@ def _config(family: str, hidden: int, layers: int, heads: int, kv_heads: int, in
 
 def tiny_model(family: str, *, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                intermediate: int = 64, vocab: int = VOCAB, deepstack: int = 2, dtype=torch.float32,
-               device="cpu", seed: int = 0, attn: str = "sdpa", bare: bool = False):
+               device="cpu", seed: int = 0, attn: str = "sdpa", bare: bool = False, deepstack_indexes=None,
+               vision_depth: int | None = None, rope: dict | None = None):
     """A random-weight model of ``family`` in eval mode: the ``...ForConditionalGeneration`` of a
-    VLM, the ``...ForCausalLM`` of a decoder LM (``bare=True``: the base ``...Model``)."""
+    VLM, the ``...ForCausalLM`` of a decoder LM (``bare=True``: the base ``...Model``).
+
+    Qwen3-VL: ``deepstack_indexes`` (default ``range(deepstack)``) and ``vision_depth`` (default
+    ``max(2, deepstack)``) set the vision tower's ``deepstack_visual_indexes`` and depth.
+    Decoder LMs: ``rope`` replaces the text config's ``rope_parameters`` (e.g. a dynamic rope)."""
     import transformers as tf
 
-    config = _config(family, hidden, layers, heads, kv_heads, intermediate, vocab, deepstack)
+    config = _config(family, hidden, layers, heads, kv_heads, intermediate, vocab, deepstack, deepstack_indexes,
+                     vision_depth, rope)
     config._attn_implementation = attn
     for sub in ("text_config", "vision_config"):
         if getattr(config, sub, None) is not None:

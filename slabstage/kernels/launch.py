@@ -1,193 +1,336 @@
-"""Launch a ``@triton.jit`` kernel by argument name, with the compiled variant cached.
+"""The one staging path: check a batch, write its parameter block, launch the kernel over it.
 
-The kernel's own ``def`` is the one declaration of its arguments. From it
-:class:`FastLaunch` derives the signature order, which arguments are pointers
-(names ending in ``_ptr``), which integers Triton specialises (all but
-``do_not_specialize``), the defaults of optional arguments and the cache key of
-a compiled variant. Callers pass arguments by name, in a dict.
-
-``kernel[grid](...)`` re-binds and re-specialises every argument on each call,
-and its launcher asks the driver about every tensor pointer: 25-50 us per launch
-on a slow host core, more than the kernel itself runs at small batches.
-A cached variant is launched with plain integer pointers instead. Anything
-FastLaunch cannot vouch for (the interpreter, a launch hook such as a profiler's,
-an unknown launcher convention) goes through the ordinary JIT call, by keyword.
+A :class:`Stager` serves one set of destinations (:class:`~slabstage.kernels.validate.Destinations`):
+the runner's buffers, a ``stage_token_inputs`` call's buffers, a ``stage_embeddings``
+call's slab. :meth:`Stager.prepare` checks a batch (nothing is written when that
+raises) and writes its parameter block into the next slot of the pinned ring.
+Then either :meth:`Stager.launch` moves the block into the stager's device block
+and queues the staging kernel, or a graph recorded by :meth:`Stager.record` is
+replayed: it begins with the fetch kernel, which copies the block itself, so a
+replayed step costs the host no copy call. On a CPU device without Triton's
+interpreter the PyTorch reference stages the checked batch instead.
 """
 
 from __future__ import annotations
 
-import inspect
-import types
+import struct
+import threading
+from ctypes import c_char, memmove
 
+import numpy as np
 import torch
 
-from .runtime import HAS_TRITON, INTERPRET, INTERPRETER_LOCK, triton
+from ..staging.slots import REQUESTS, SLOTS, SOURCE_SLOTS
+from .params import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED,
+                     F_TEXT_VEC, F_TEXT_WRAP, FLOAT_CODE, H_FLAGS, H_ITEMS, H_NUM_MEDIA, H_STEP, H_TABLE,
+                     H_VOCAB_START, HEADER_WORDS, INT_CODE, SOURCE_WORDS, PinnedRing)
+from .reference import stage_reference
+from .runtime import INTERPRETER_LOCK, next_pow2, row_launch_config, use_triton
+from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, stage_kernel
+from .validate import Checked, Destinations, check_batch
 
-__all__ = ["FastLaunch", "Variant", "int_spec", "launch_hooks_set"]
+__all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch"]
 
-_I32 = (-(2**31), 2**31 - 1)
-
-
-def int_spec(v: int) -> int:
-    """What Triton specialises a runtime int on: == 1, divisible by 16, or 64-bit."""
-    if not _I32[0] <= v <= _I32[1]:
-        return 3
-    return 1 if v == 1 else (2 if not v & 15 else 0)
-
-
-_KNOBS = getattr(triton, "knobs", None)
-_RUNTIME, _CHAIN = getattr(_KNOBS, "runtime", None), getattr(_KNOBS, "HookChain", None)
-
-
-def launch_hooks_set() -> bool:
-    """Whether a launch hook (a profiler's, a debugger's) wants to see launches; read on every launch."""
-    if _RUNTIME is None:
-        return True  # an older triton: take the ordinary path
-    # triton >= 3.4 keeps a HookChain that is never None; it is set when it has calls
-    enter, leave = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook
-    if type(enter) is _CHAIN and type(leave) is _CHAIN:  # the usual case, without a getattr
-        return bool(enter.calls or leave.calls)
-    return (enter is not None and bool(getattr(enter, "calls", True))) or \
-        (leave is not None and bool(getattr(leave, "calls", True)))
+MAX_ITEM_WORDS = 1 << 14  # the item table's room in a parameter block: 1 + 4 x blocks words an item
+_SHARED: dict = {}  # destinations' layout -> the Stager the ops share
+_LOCK = threading.Lock()
+_REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
 
 
-_NO_DEFAULT = inspect.Parameter.empty
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
-def _params(fn) -> list[tuple[str, bool, bool, object]]:
-    """``(name, is constexpr, do not specialise, default)`` of each parameter of a jitted kernel."""
-    if hasattr(fn, "params"):  # a JITFunction
-        return [(p.name, p.is_constexpr, bool(p.do_not_specialize), p.default if p.has_default else _NO_DEFAULT)
-                for p in fn.params]
-    # the interpreter's InterpretedFunction: the Python signature (specialisation does not apply)
-    return [(p.name, "constexpr" in str(p.annotation), True, p.default)
-            for p in inspect.signature(fn.fn).parameters.values()]
+class Stager:
+    """Stages batches into ``dst`` through the one kernel; see the module docstring.
 
-
-class Variant:
-    """One compiled variant of a kernel, launched with integer arguments in signature order.
-
-    ``launch(grid0, values)`` takes every runtime argument in signature order
-    (``FastLaunch.runtime``), pointers as ints. It returns False, launching
-    nothing, when the values would make Triton compile another variant (an
-    unaligned pointer, another integer specialisation): the caller then takes the
-    ordinary path.
+    The piece of a slab row one program writes comes from the slab's width and dtype
+    (one helper, :func:`row_launch_config`). Launches of one stager are ordered on the
+    stream that queues them, as every write of its destinations is.
     """
 
-    __slots__ = ("ptr_at", "spec_at", "specs", "run", "function", "head", "tail", "device_index", "_stream")
-
-    def __init__(self, launcher: "FastLaunch", kernel, tail: tuple, values: list, device_index: int) -> None:
-        self.ptr_at, self.spec_at = launcher.ptr_at, launcher.spec_at
-        self.specs = tuple(int_spec(values[i]) for i in self.spec_at)
-        self.function, self.tail, self.device_index = kernel.function, tail, device_index
-        self._stream = torch._C._cuda_getCurrentRawStream
-        run = kernel.run
-        self.run, self.head = run, (kernel.packed_metadata, None, None, None)
-        c_launch = getattr(run, "launch", None)
-        if (isinstance(c_launch, types.BuiltinFunctionType) and getattr(run, "global_scratch_size", 1) == 0
-                and getattr(run, "profile_scratch_size", 1) == 0 and hasattr(run, "launch_pdl")):
-            # the launcher's compiled entry point, without its Python wrapper (which only adds the
-            # cooperative-grid and PDL switches and the scratch buffers, none here): a microsecond a launch
-            self.run = c_launch
-            self.head = (run.launch_cooperative_grid, run.launch_pdl, None, None, *self.head)
-
-    def launch(self, grid0: int, values: list, trusted: bool = False) -> bool:
-        """Launch, unless the values would make another variant. ``trusted``: the caller has checked that
-        (as a cache keyed on every specialisation does)."""
-        if not trusted:
-            align = 0
-            for i in self.ptr_at:
-                align |= values[i]
-            if align & 15:
-                return False
-            for i, spec in zip(self.spec_at, self.specs):
-                if int_spec(values[i]) != spec:
-                    return False
-        self.launch_trusted(grid0, values)
-        return True
-
-    def launch_trusted(self, grid0: int, values: list) -> None:
-        """:meth:`launch` with ``trusted=True``, for a hot path that has checked the values itself."""
-        self.run(grid0, 1, 1, self._stream(self.device_index), self.function, *self.head, *values, *self.tail)
-
-
-class FastLaunch:
-    """The launcher of one ``@triton.jit`` kernel; see the module docstring."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-        params = _params(fn)
-        self.runtime = tuple(name for name, const, _, _ in params if not const)
-        self.constexprs = tuple(name for name, const, _, _ in params if const)
-        self.ptrs = tuple(k for k in self.runtime if k.endswith("_ptr"))
-        # Triton specialises integers (== 1, divisible by 16, 64-bit); a float default marks a float argument
-        self.specialised = tuple(name for name, const, dns, default in params
-                                 if not const and not dns and not name.endswith("_ptr") and type(default) is not float)
-        self.defaults = {name: default for name, _, _, default in params if default is not _NO_DEFAULT}
-        self.at = {name: i for i, name in enumerate(self.runtime)}  # runtime argument -> position
-        self.ptr_at = tuple(self.at[k] for k in self.ptrs)
-        self.spec_at = tuple(self.at[k] for k in self.specialised)
-        self.cache: dict = {}
-        self.enabled = HAS_TRITON and not INTERPRET
-
-    def complete(self, args: dict) -> dict:
-        """``args`` with every omitted argument filled: an optional pointer (default None) by the first
-        pointer given, which the kernel never dereferences for it, anything else by its default."""
-        missing = [k for k in self.runtime if k not in args]
-        if not missing:
-            return args
-        out = dict(args)
-        dummy = next(args[k] for k in self.ptrs if k in args)
-        for k in missing:
-            if k not in self.defaults:
-                raise TypeError(f"{self.fn.__name__}: argument {k!r} is required")
-            out[k] = dummy if k in self.ptrs and self.defaults[k] is None else self.defaults[k]
-        return out
-
-    def key(self, args: dict, constexprs: dict, num_warps: int):
-        """What Triton specialises this launch on: dtypes and 16-byte alignment of the pointers,
-        the integer specialisations, the constexprs and num_warps."""
-        ptrs = tuple((args[k].dtype, args[k].data_ptr() & 15 == 0) for k in self.ptrs)
-        return ptrs, tuple(int_spec(args[k]) for k in self.specialised), tuple(constexprs.values()), num_warps
-
-    def __call__(self, grid0: int, args: dict, constexprs: dict, num_warps: int) -> Variant | None:
-        """Launch ``grid0`` programs; return the cached :class:`Variant` that ran, or None."""
-        args = self.complete(args)
-        constexprs = {k: constexprs[k] if k in constexprs else self.defaults[k] for k in self.constexprs}
-        if INTERPRET:
-            with INTERPRETER_LOCK:
-                self.fn[(grid0,)](**args, **constexprs, num_warps=num_warps)
-            return None
-        key = self.key(args, constexprs, num_warps) if self.enabled else None
-        variant = self.cache.get(key) if key is not None else None
-        if variant is not None and not launch_hooks_set():
-            values = [args[k] for k in self.runtime]
-            for i in self.ptr_at:
-                values[i] = values[i].data_ptr()
-            if variant.launch(grid0, values):
-                return variant
-        kernel = self.fn[(grid0,)](**args, **constexprs, num_warps=num_warps)
-        if key is not None and key not in self.cache:
-            self.cache[key] = variant = self._variant(kernel, args, constexprs)
-        return variant
-
-    def _variant(self, kernel, args: dict, constexprs: dict) -> Variant | None:
-        """The compiled kernel as a :class:`Variant`, or None when its launcher convention is unknown."""
-        try:
-            signature = kernel.src.signature
-            _ = kernel.run  # loads the module and builds the launcher
-            if kernel.function is None:
-                return None
-        except Exception:  # noqa: BLE001 - any surprise: stay on the ordinary path
-            return None
-        names = [*self.runtime, *self.constexprs]
-        if names[len(names) - len(constexprs):] != list(constexprs):
-            return None  # constexprs must close the signature, in order
-        if len(signature) == len(names):  # triton >= 3.3: every parameter, constexprs too
-            tail = tuple(constexprs.values())
-        elif len(signature) == len(names) - len(constexprs):  # older: runtime arguments only
-            tail = ()
+    def __init__(self, dst: Destinations) -> None:
+        device, slab = dst.device, dst.slab
+        self.triton = use_triton(device)
+        self.num_slots = len(SLOTS) if any(t is not None for t in dst.slots) else 0
+        if slab is not None:
+            self.block, self.num_warps = row_launch_config(slab.shape[1], slab.element_size())
+            self.cols = -(-slab.shape[1] // self.block)
         else:
-            return None
-        device = next(args[k].device for k in self.ptrs)
-        return Variant(self, kernel, tail, [args[k] for k in self.runtime], device.index)
+            self.block, self.num_warps, self.cols = 16, 4, 1
+        req = max([t.shape[0] for spec, t in zip(SLOTS, dst.slots) if t is not None and spec.kind == REQUESTS],
+                  default=1)
+        self.constexprs = dict(EMBED=slab is not None, WIDTH=slab.shape[1] if slab is not None else 1,
+                               BLOCK=self.block, COL_BLOCKS=self.cols, NUM_SLOTS=self.num_slots,
+                               REQ_BLOCK=next_pow2(req))
+        self._items_at = HEADER_WORDS + (SOURCE_WORDS + DEST_WORDS) * self.num_slots
+        self.host = dst.host_ok and device.type == "cuda"  # host integer inputs travel in the block
+        self._host_per_token = sum(spec.rows for spec, t in zip(SOURCE_SLOTS, dst.slots) if t is not None
+                                   and spec.kind != REQUESTS) + 1  # (+1: media_index)
+        self._host_fixed = 2 * len(SLOTS) + 2 * dst.batch_cap  # per-request sources, 16-byte alignment
+        words = self.words_for(dst.capacity)
+        self.ring = PinnedRing(8 * words, pinned=device.type == "cuda", k=8 if device.type == "cuda" else 1)
+        with torch.inference_mode(False):  # normal tensors, usable in and outside inference mode
+            self.params = torch.zeros(self.ring.slot_words, dtype=torch.int64, device=device)
+            self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # [0]: last step staged; [2]: spare
+        self._base = self.params.data_ptr()
+        self._counter_addr, self._spare_addr = self.counter.data_ptr(), self.counter.data_ptr() + 16
+        self._mv = memoryview((c_char * (8 * self.ring.words.size)).from_address(self.ring.base)).cast("B")
+        self._dynamic = struct.Struct(f"<{HEADER_WORDS + SOURCE_WORDS * self.num_slots}q")  # what a batch writes
+        self._copies: dict = {}  # (slot, words) -> (ring view, device view)
+        self.configs: dict = {}  # the configurations check_batch has passed for these destinations
+        self._kept: list = []  # (host block, device block) of launches captured in a caller's graph
+        self._now = self.params  # the device block the next launch reads
+        self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared block
+        self.lock = threading.Lock()
+        self.dst = None
+        self._bind(dst)
+
+    def words_for(self, tokens: int) -> int:
+        """The most words a block of a batch of ``tokens`` tokens takes."""
+        host = self._host_per_token * tokens + self._host_fixed if self.host else 0
+        return self._items_at + MAX_ITEM_WORDS + host
+
+    # -- a batch ------------------------------------------------------------------------------
+    def prepare(self, src, pad_to, *, own_block: bool = False) -> Checked:
+        """Check ``src`` and write its parameter block into the ring (on the reference path: nothing but the
+        check). Raises before anything is written. ``own_block``: a block of its own, kept for good (a caller
+        capturing the launch in its own graph: each replay copies this block again)."""
+        c = check_batch(self.dst, src, pad_to, self.configs)
+        if self.triton:
+            self._write(c, own_block)
+        return c
+
+    def launch(self, c: Checked, pad_to: int) -> None:
+        """Move the prepared block into the device block and queue the kernel for ``pad_to`` rows; on the
+        reference path stage ``c`` in PyTorch."""
+        if not self.triton:
+            stage_reference(self.dst, c)
+            return
+        grid = self._grid(pad_to)
+        if not grid:
+            return
+        step, at, words = self._pending
+        if self._now is not self.params:  # a block of its own: its copy was queued with it
+            self._kernel(grid, self._now, pad_to)
+            return
+        if self.dst.device.type == "cuda":
+            size = min(max(1024, next_pow2(words)), self.ring.slot_words)
+            pair = self._copies.get((at, size))
+            if pair is None:
+                pair = self._copies[(at, size)] = (self.ring.tensor[at:at + size], self.params[:size])
+            pair[1].copy_(pair[0], non_blocking=True)
+        else:
+            self._fetch(-(-words // FETCH_CHUNK))
+        self._kernel(grid, self.params, pad_to)
+        self.ring.commit(step)
+
+    def record(self, pad_to: int) -> None:
+        """Queue, or record into the graph being captured, the fetch of the next prepared block and the kernel
+        over it for ``pad_to`` rows. A replay of that graph stages whatever :meth:`prepare` wrote last; call
+        :meth:`replayed` after it."""
+        self._fetch(-(-self.words_for(pad_to) // FETCH_CHUNK))
+        self._kernel(max(self._grid(pad_to), 1), self.params, pad_to)
+
+    def replayed(self) -> None:
+        """A graph made by :meth:`record` staged the last prepared block."""
+        self.ring.commit(self._pending[0])
+
+    def stage(self, src, pad_to) -> Checked:
+        c = self.prepare(src, pad_to)
+        self.launch(c, c.pad_to)
+        return c
+
+    def _grid(self, pad_to: int) -> int:
+        grid = pad_to * self.cols if self.dst.slab is not None else -(-pad_to // TOK_BLOCK)
+        return max(grid, 1) if self.num_slots else grid  # program 0 writes the token count, the requests
+
+    def _kernel(self, grid: int, params: torch.Tensor, pad_to: int) -> None:
+        dst = self.dst
+        slab = dst.slab if dst.slab is not None else dst.errors
+        if dst.device.type == "cpu":
+            with INTERPRETER_LOCK:
+                stage_kernel[(grid,)](params, dst.errors, slab, pad_to, **self.constexprs, num_warps=self.num_warps)
+        else:
+            stage_kernel[(grid,)](params, dst.errors, slab, pad_to, **self.constexprs, num_warps=self.num_warps)
+
+    def _fetch(self, grid: int) -> None:
+        args = (self.ring.tensor, self.counter, self.params, self.ring.slot_words, self.ring.k)
+        if self.dst.device.type == "cpu":
+            with INTERPRETER_LOCK:
+                fetch_kernel[(grid,)](*args, CHUNK=FETCH_CHUNK, num_warps=4)
+        else:
+            fetch_kernel[(grid,)](*args, CHUNK=FETCH_CHUNK, num_warps=4)
+
+    # -- destinations --------------------------------------------------------------------------
+    def _bind(self, dst: Destinations) -> None:
+        """Stage into ``dst`` from now on: the destinations' half of every block, written into every slot."""
+        if dst is self.dst:
+            return
+        self.dst = dst
+        dest = np.zeros(DEST_WORDS * self.num_slots, dtype=np.int64)
+        for s, (spec, t, fill) in enumerate(zip(SLOTS[:self.num_slots], dst.slots, dst.fills)):
+            if t is not None:
+                dest[DEST_WORDS * s:DEST_WORDS * (s + 1)] = (
+                    t.data_ptr(), INT_CODE[t.dtype], t.stride(0) if t.dim() == 2 else 0, int(fill or 0),
+                    fill is not None, spec.kind, spec.rows, t.shape[-1])
+        at = HEADER_WORDS + SOURCE_WORDS * self.num_slots
+        for k in range(self.ring.k):  # (a slot a queued copy still reads is rewritten with what it holds)
+            start = k * self.ring.slot_words + at
+            if not np.array_equal(self.ring.words[start:start + dest.size], dest):
+                self.ring.words[start:start + dest.size] = dest
+        self._dest = dest
+
+    def stage_into(self, dst: Destinations, src, pad_to) -> Checked:
+        """:meth:`stage` into ``dst``, destinations laid out like this stager's (a shared stager)."""
+        with self.lock:
+            self._bind(dst)
+            own = dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            c = self.prepare(src, pad_to, own_block=own)
+            self.launch(c, c.pad_to)
+            return c
+
+    @classmethod
+    def shared(cls, dst: Destinations) -> "Stager":
+        """The stager the ops share for destinations laid out like ``dst`` (device, slab dtype and width, which
+        slots and their dtypes): its ring, device block and checked configurations."""
+        slab = dst.slab
+        key = (dst.device, dst.host_ok, dst.capacity, dst.batch_cap,
+               None if slab is None else (slab.dtype, slab.shape[1]),
+               tuple(None if t is None else (t.dtype, t.dim()) for t in dst.slots))
+        st = _SHARED.get(key)
+        if st is None:
+            with _LOCK:
+                st = _SHARED.get(key) or cls(dst)
+                _SHARED[key] = st
+        return st
+
+    @classmethod
+    def for_buffers(cls, buffers, embed: bool) -> "Stager":
+        """The stager of ``buffers`` (with the slab when ``embed``), made again when a slot or the error word
+        changed since it was made."""
+        reg, errors = buffers.registry, buffers.errors
+        kept = buffers._stagers.get(embed)
+        if kept is not None and kept[2] is errors and kept[3] == errors.data_ptr() and reg.matches(kept[1]):
+            return kept[0]
+        missing = [name for name in _REQUIRED if name not in reg]
+        if missing:
+            raise ValueError(f"the buffers have no {missing[0]!r} slot")
+        slots = [reg[spec.name] if spec.name in reg else None for spec in SLOTS]
+        fills = [reg.slot(spec.name).fill_value if spec.name in reg else None for spec in SLOTS]
+        dst = Destinations(slab=reg["input_embeds"] if embed else None, slots=slots, fills=fills, errors=errors,
+                           host_ok=True, device=buffers.device, batch_cap=buffers.max_batch_size)
+        st = cls(dst)
+        buffers._stagers[embed] = (st, reg.signature(), errors, errors.data_ptr())
+        return st
+
+    # -- the parameter block ------------------------------------------------------------------
+    def _write(self, c: Checked, own_block: bool) -> None:
+        plan = c.media
+        item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
+        if item_words > MAX_ITEM_WORDS:
+            raise ValueError(f"media has {len(plan.items)} items of {plan.blocks} column blocks: their table takes "
+                             f"{item_words} words, at most {MAX_ITEM_WORDS} fit the parameter block")
+        base = self._base
+        if own_block:  # a device block of its own (in the capturing graph's pool), kept with its host block
+            with torch.inference_mode(False):
+                own = torch.zeros(self.words_for(c.n), dtype=torch.int64, device=self.dst.device)
+            base = own.data_ptr()
+        ns = self.num_slots
+        values = [0] * (HEADER_WORDS + SOURCE_WORDS * ns)
+        end = 8 * (self._items_at + item_words)  # bytes: host inputs follow the item table
+        parts = []  # (byte offset in the block, address, bytes per row, rows, row stride in bytes)
+        host = self.host
+        for s, t in enumerate(c.sources if ns else ()):  # (SOURCE_SLOTS come first in SLOTS)
+            if t is not None:
+                w = HEADER_WORDS + SOURCE_WORDS * s
+                values[w], values[w + 2], end = _place(c.reads[s], host, parts, base, end)
+                values[w + 1] = INT_CODE[c.reads[s][1]]
+        if self.dst.slab is not None:
+            end = self._embed_header(values, c, parts, base, end)
+        words = -(-end // 8)
+        if own_block:
+            step, at, done, counter = 0, 0, self.ring.spare_done_addr, self._spare_addr
+            block = torch.zeros(words, dtype=torch.int64, pin_memory=True)
+            self._kept.append((block, own))
+            mv = memoryview((c_char * (8 * words)).from_address(block.data_ptr())).cast("B")
+            array, start = block.numpy(), block.data_ptr()
+            array[HEADER_WORDS + SOURCE_WORDS * ns:self._items_at] = self._dest
+        else:
+            step, at = self.ring.take()
+            done, counter, mv, array = self.ring.done_addr, self._counter_addr, self._mv, self.ring.words
+            start = self.ring.base + 8 * at
+        values[H_STEP:H_VOCAB_START] = step, done, counter, words, c.n, c.b
+        self._dynamic.pack_into(mv, 8 * at, *values)
+        if plan is not None:
+            i = at + self._items_at
+            array[i:i + len(plan.starts)] = plan.starts
+            array[i + len(plan.starts):i + item_words] = plan.fields
+        for off, addr, row, rows, stride in parts:  # host inputs, row by row (mrope rows may lie apart)
+            for r in range(rows):
+                memmove(start + off + r * row, addr + r * stride, row)
+        if own_block:
+            own[:words].copy_(block, non_blocking=True)
+            self._now = own
+        else:
+            self._now = self.params
+            self._pending = (step, at, words)
+
+    def _embed_header(self, values: list, c: Checked, parts: list, base: int, end: int) -> int:
+        width, plan = self.dst.slab.shape[1], c.media
+        _, tdtype, _, _, (_, tw), (s0, _), tptr = c.table_read
+        flags = F_SCALE if c.scale is not None else 0
+        if tw < width and c.expand == "repeat":
+            flags |= F_TEXT_TILED if tw % self.block == 0 else F_TEXT_WRAP
+        if not (tptr & 15 or (s0 | tw) & 7 or flags & F_TEXT_WRAP):
+            flags |= F_TEXT_VEC
+        if self.num_slots:  # the embeddings read the ids where the integer half reads them
+            ids_addr = values[HEADER_WORDS]
+        else:
+            ids_addr, _, end = _place(c.ids_read, self.host, parts, base, end)
+        index_addr = 0
+        if c.index is not None:
+            index_addr, _, end = _place(c.index_read, self.host, parts, base, end)
+        values[H_VOCAB_START:H_FLAGS] = (*c.bounds, _f32_bits(c.scale) if c.scale is not None else 0)
+        values[H_TABLE:H_NUM_MEDIA] = (tptr, s0, tw, FLOAT_CODE[tdtype], ids_addr, INT_CODE[c.ids_read[1]],
+                                       index_addr, INT_CODE[c.index_read[1]] if c.index is not None else 0)
+        if plan is not None:
+            if c.media_owner:
+                flags |= F_MEDIA
+            mw = plan.width
+            if mw < width and c.expand == "repeat":
+                flags |= F_MEDIA_TILED if mw % self.block == 0 else F_MEDIA_WRAP
+            if plan.vec and not flags & F_MEDIA_WRAP:
+                flags |= F_MEDIA_VEC
+            values[H_NUM_MEDIA:H_ITEMS] = (plan.rows, len(plan.starts), plan.blocks, FLOAT_CODE[plan.dtype], mw)
+        values[H_FLAGS] = flags
+        values[H_ITEMS] = self._items_at
+        return end
+
+
+def _place(read, host: bool, parts: list, base: int, end: int) -> tuple[int, int, int]:
+    """``(device address, row stride, new end)`` of an integer input: in place on the device, or, a host
+    input next to CUDA destinations, in the block at byte ``end`` (rows end to end, 16-byte aligned)."""
+    _, dtype, device, _, shape, stride, ptr = read
+    if host and device < 0:
+        at = (end + 15) & ~15
+        elem = 4 if dtype == torch.int32 else 8
+        row = shape[-1] * elem
+        rows = shape[0] if len(shape) == 2 else 1
+        parts.append((at, ptr, row, rows, (stride[0] if len(shape) == 2 else 0) * elem))
+        return base + at, shape[-1], at + rows * row
+    return ptr, (stride[0] if len(shape) == 2 else 0), end
+
+
+class Inputs:
+    """A batch as keyword arguments, named as :class:`~slabstage.PrefillBatch` names its fields (a field not
+    given takes PrefillBatch's default)."""
+
+    def __init__(self, **fields) -> None:
+        self.__dict__.update(fields)
+
+
+def stage_batch(buffers, *, pad_to, **inputs) -> None:
+    """A whole batch (integer slots and embeddings, ``PrefillBatch``'s fields as keywords) into ``buffers`` in one
+    launch: what the runner stages, outside it (for tests and tools)."""
+    Stager.for_buffers(buffers, embed=True).stage(Inputs(**inputs), pad_to)

@@ -1,8 +1,10 @@
 """PyTorch references with the kernels' exact semantics.
 
-They serve as the CPU path (when the Triton interpreter is off) and as the
-ground truth the tests compare the Triton kernels against. Like the kernels,
-they never index out of bounds and never synchronise with the host.
+They serve as the CPU path (when Triton's interpreter is off) and as the ground
+truth the tests compare the kernels against. They take a batch that passed the
+one validation (:func:`~slabstage.kernels.validate.check_batch`), never index out
+of bounds and never synchronise with the host. They run under inference mode, so
+destinations made in or outside it are written alike.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from ..staging.buffers import NO_ROW
-from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, writing_word
+from ..staging.slots import COUNT, REQUESTS, SLOTS
+from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH
 
-__all__ = ["stage_embeddings_reference", "media_index_from_mask_reference", "stage_token_inputs_reference"]
+__all__ = ["stage_reference", "stage_embeddings_reference", "media_index_from_mask_reference"]
 
 
 def _expand(rows: torch.Tensor, width: int, expand: str) -> torch.Tensor:
@@ -47,43 +50,63 @@ def _record(errors: torch.Tensor, bad_id: torch.Tensor, bad_media: torch.Tensor)
 
 
 def media_rows(plan) -> torch.Tensor | None:
-    """The media of a :class:`~slabstage.kernels.plan.MediaPlan` as one tensor: its items laid end to end."""
+    """The media of a :class:`~slabstage.kernels.media.MediaPlan` as one tensor: its items end to end
+    (empty items are skipped: they are never read, wherever they are)."""
     if plan is None:
         return None
-    if not plan.items:
-        return plan.tensor
-    rows = [torch.cat(blocks, 1) if len(blocks) > 1 else blocks[0] for blocks in plan.items]
-    return torch.cat(rows, 0) if len(rows) > 1 else rows[0]
+    rows = [torch.cat(blocks, 1) if len(blocks) > 1 else blocks[0] for blocks in plan.items if blocks[0].shape[0]]
+    if not rows:
+        return torch.zeros(0, plan.width, dtype=plan.dtype)
+    return torch.cat([r.to(rows[0].device) for r in rows], 0) if len(rows) > 1 else rows[0]
 
 
-@torch.no_grad()
-def stage_embeddings_reference(slab, input_ids, table, plan, media_index, *, pad_to, expand, text_scale, bounds,
-                               media_owner, errors) -> None:
-    """The kernel's semantics in PyTorch; records no autograd history whatever its inputs require."""
-    vocab_start, vocab_end, vocab_size = bounds
-    media = media_rows(plan)
-    n, width = input_ids.shape[0], slab.shape[1]
-    ids = input_ids.long()
-    mi = media_index.long() if media_index is not None else torch.full_like(ids, -1)
+def _embeddings(slab: torch.Tensor, c, errors: torch.Tensor) -> None:
+    vocab_start, vocab_end, vocab_size = c.bounds
+    n, width = c.n, slab.shape[1]
+    ids = c.ids.long()
+    media = media_rows(c.media)
+    if media is not None:
+        media = media.to(slab.device)
+    mi = c.index.long() if c.index is not None else torch.full_like(ids, -1)
     num_media = media.shape[0] if media is not None else 0
     is_media = mi >= 0
     bad_id = ~is_media & ((ids < 0) | (ids >= vocab_size))
     bad_media = is_media & (mi >= num_media)
     in_shard = ~is_media & ~bad_id & (ids >= vocab_start) & (ids < vocab_end)
 
-    text = _gather(table, ids - vocab_start, in_shard)
-    if text_scale is not None:
-        text = torch.where(in_shard[:, None], text.float() * text_scale, torch.zeros((), device=text.device))
-    out = _expand(text.to(slab.dtype), width, expand)
-    if media is not None and media_owner:
+    text = _gather(c.table, ids - vocab_start, in_shard)
+    if c.scale is not None:
+        text = torch.where(in_shard[:, None], text.float() * c.scale, torch.zeros((), device=text.device))
+    out = _expand(text.to(slab.dtype), width, c.expand)
+    if media is not None and c.media_owner:
         med = _gather(media, mi, is_media & ~bad_media).to(slab.dtype)
-        out = torch.where(is_media[:, None], _expand(med, width, expand), out)
-    elif media is not None:
+        out = torch.where(is_media[:, None], _expand(med, width, c.expand), out)
+    else:
         out = torch.where(is_media[:, None], torch.zeros((), dtype=out.dtype, device=out.device), out)
     slab[:n] = out
-    slab[n:pad_to] = 0
-    with writing_word(errors):  # a word made under inference mode is updated under it
-        _record(errors, bad_id, bad_media)
+    slab[n:c.pad_to] = 0
+    _record(errors, bad_id, bad_media)
+
+
+@torch.no_grad()
+def stage_reference(dst, c) -> None:
+    """What the staging kernel writes for the checked batch ``c`` into the destinations ``dst``."""
+    with torch.inference_mode():  # in-place writes into tensors made in or outside inference mode
+        if dst.slab is not None:
+            _embeddings(dst.slab, c, dst.errors)
+        for k, (spec, slot, fill) in enumerate(zip(SLOTS, dst.slots, dst.fills)):
+            if slot is None:
+                continue
+            if spec.kind == COUNT:
+                slot[0] = c.n
+                continue
+            src = c.sources[k]
+            if src is None:
+                continue
+            count, limit = (c.b, slot.shape[0]) if spec.kind == REQUESTS else (c.n, c.pad_to)
+            slot[..., :count] = src.to(slot.device, slot.dtype)
+            if fill is not None:
+                slot[..., count:limit] = fill
 
 
 def media_index_from_mask_reference(is_media: torch.Tensor, num_media_rows: int, errors: torch.Tensor,
@@ -101,21 +124,14 @@ def media_index_from_mask_reference(is_media: torch.Tensor, num_media_rows: int,
     return index
 
 
-def _copy_pad(dst: torch.Tensor, src: torch.Tensor | None, n: int, pad_to: int, fill) -> None:
-    """dst[..., :n] = src; dst[..., n:pad_to] = fill (unless fill is None)."""
-    if src is not None:
-        dst[..., :n] = src.to(dst.dtype)
-    if fill is not None:
-        dst[..., n:pad_to] = fill
+def stage_embeddings_reference(slab, input_ids, table, *, errors, pad_to=None, media=None, media_index=None,
+                               expand="zeros", text_scale=None, vocab_range=None, vocab_size=None, media_owner=True):
+    """:func:`slabstage.stage_embeddings` in PyTorch, whatever the device: the same validation, then
+    :func:`stage_reference` (for tests and tools that compare the kernel with it)."""
+    from .launch import Inputs
+    from .validate import Destinations, check_batch
 
-
-def stage_token_inputs_reference(buffers, given: dict, n: int, pad_to: int, b: int) -> None:
-    """The integer half in PyTorch: each slot of ``given`` copied and its tail padded by its slot's policy
-    (per-request slots to ``buffers.max_batch_size``), then the token count."""
-    reg = buffers.registry
-    for name in ("input_ids", "positions", "out_cache_loc", "mrope_positions", "seq_lens", "extend_start_loc"):
-        if name in given:
-            per_request = name in ("seq_lens", "extend_start_loc")
-            _copy_pad(reg[name], given[name], b if per_request else n,
-                      buffers.max_batch_size if per_request else pad_to, reg.slot(name).fill_value)
-    buffers.num_tokens_non_padded.fill_(n)
+    dst = Destinations(slab=slab, errors=errors, host_ok=False)
+    src = Inputs(input_ids=input_ids, table=table, media=media, media_index=media_index, expand=expand,
+                 text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)
+    stage_reference(dst, check_batch(dst, src, pad_to, {}))

@@ -50,9 +50,9 @@ if HAS_TRITON:
         return y.to(DST)
 
 
-def use_triton(t: torch.Tensor) -> bool:
-    """Triton runs on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1."""
-    return HAS_TRITON and (t.is_cuda or (INTERPRET and t.device.type == "cpu"))
+def use_triton(device: torch.device) -> bool:
+    """Triton runs on CUDA devices, and on the CPU under TRITON_INTERPRET=1."""
+    return HAS_TRITON and (device.type == "cuda" or (INTERPRET and device.type == "cpu"))
 
 
 def next_pow2(x: int) -> int:

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
-from ..checks import INT_DTYPES, check_tensor
-from .errors import check_error_word, default_error_word, raise_if_errors
-from .plan import ITEM_TABLES, check_embed, check_slab, embed_args, pack_host_inputs
-from .reference import stage_embeddings_reference
-from .runtime import use_triton
-from .stage_kernel import MEDIA_ITEMS, STAGE
+from .errors import default_error_word, raise_if_errors
+from .launch import Inputs, Stager
+from .validate import Destinations
 
-__all__ = ["stage_embeddings", "plan_stage_embeddings"]
+__all__ = ["stage_embeddings"]
 
 
 def stage_embeddings(
@@ -41,7 +36,7 @@ def stage_embeddings(
 
     Args:
         slab: ``[rows, W]`` float16/bfloat16/float32, row stride exactly ``W``.
-        input_ids: ``[n]`` int32/int64.
+        input_ids: ``[n]`` int32/int64, on the slab's device.
         table: ``[V, Ht]`` float, contiguous rows; ``Ht == W``, or narrower with ``expand``.
         media: one ``[M, Hm]`` tensor, or a list of items laid end to end, each a
             ``[rows_i, Hm]`` tensor or a tuple of column blocks ``(b0, ..., bk)``
@@ -49,7 +44,7 @@ def stage_embeddings(
             embeddings, block i level i-1). Items share one dtype; they may be
             strided along rows and may sit in pinned host memory (read directly).
             ``Hm == W``, or ``Hm == Ht`` with ``expand``.
-        media_index: ``[n]`` int32/int64; ``-1`` (any negative) marks a text row.
+        media_index: ``[n]`` int32/int64 on the slab's device; ``-1`` (any negative) marks a text row.
         pad_to: rows to write in all, ``n <= pad_to <= rows`` (default ``n``).
         expand: how a source narrower than ``W`` fills the row: ``"zeros"`` or
             ``"repeat"`` (tiled; ``W`` must be a multiple of the source width).
@@ -68,55 +63,15 @@ def stage_embeddings(
     zero-fills the row and sets the error word; nothing is read out of bounds.
     Every argument is checked before anything is written: ``TypeError`` /
     ``ValueError`` (``WidthContractError`` for widths). Returns ``slab``. One
-    kernel launch (plus, for items, one host-to-device copy of their table,
-    skipped when the same items were staged before on this stream), no host sync
-    unless ``strict``.
+    host-to-device copy of the parameter block and one kernel launch, no host
+    sync unless ``strict``.
     """
-    plan_stage_embeddings(
-        slab, input_ids, table, media=media, media_index=media_index, pad_to=pad_to, expand=expand,
-        text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner,
-        errors=errors)()
+    if errors is None:
+        errors = default_error_word(slab.device) if isinstance(slab, torch.Tensor) else None
+    src = Inputs(input_ids=input_ids, table=table, media=media, media_index=media_index, expand=expand,
+                 text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)
+    dst = Destinations(slab=slab, errors=errors, host_ok=False)
+    Stager.shared(dst).stage_into(dst, src, pad_to)
     if strict:
-        raise_if_errors(errors if errors is not None else default_error_word(slab.device))
+        raise_if_errors(errors)
     return slab
-
-
-def plan_stage_embeddings(slab, input_ids, table, *, media=None, media_index=None, pad_to=None, expand="zeros",
-                          text_scale=None, vocab_range=None, vocab_size=None, media_owner=True, errors=None):
-    """Check every argument of :func:`stage_embeddings`; return its launch as a callable, not yet run.
-
-    Lets a caller validate several staging steps before any of them writes.
-    """
-    check_slab(slab)
-    device = slab.device
-    check_tensor("input_ids", input_ids, dtypes=INT_DTYPES, device=device, dims=1)
-    n = input_ids.shape[0]
-    pad_to, plan, bounds, scale = check_embed(
-        slab, table, n, media=media, media_index=media_index, pad_to=pad_to, expand=expand, text_scale=text_scale,
-        vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)
-    errors = default_error_word(device) if errors is None else errors
-    check_error_word(errors, device)
-    if not use_triton(slab):
-        return partial(stage_embeddings_reference, slab, input_ids, table, plan, media_index, pad_to=pad_to,
-                       expand=expand, text_scale=scale, bounds=bounds, media_owner=media_owner, errors=errors)
-    args, constexprs, cols, num_warps = embed_args(slab, table, plan, bounds, scale, expand=expand,
-                                                   media_owner=media_owner, has_index=media_index is not None)
-    args.update(errors_ptr=errors, ids_ptr=input_ids, n=n, pad_to=pad_to)
-    if media_index is not None:
-        args["media_index_ptr"] = media_index
-    constexprs["TOKENS"] = False
-    return partial(_launch, pad_to * cols, args, constexprs, num_warps, plan)
-
-
-def _launch(grid0: int, args: dict, constexprs: dict, num_warps: int, plan) -> None:
-    if not grid0:
-        return
-    if plan is not None and plan.mode == MEDIA_ITEMS:
-        device = args["slab_ptr"].device
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():  # the graph owns its own copy
-            table = pack_host_inputs(device, {"items_ptr": plan.table})["items_ptr"]
-        else:
-            stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-            table = ITEM_TABLES.get(device, plan.table, stream)
-        args = {**args, "items_ptr": table}
-    STAGE(grid0, args, constexprs, num_warps)

@@ -1,212 +1,306 @@
-"""The staging kernel: a batch's embeddings and integer slots, in one launch.
+"""The staging kernel: a batch's embeddings and integer slots, read from one parameter block.
 
-One ``@triton.jit`` kernel serves the three staging ops. ``EMBED`` and
-``TOKENS`` switch its two halves, so :func:`stage_embeddings` launches it with
-the token half off, :func:`stage_token_inputs` with the embedding half off and
-the runner with both. Its ``def`` is the one declaration of the arguments:
-:class:`~slabstage.kernels.launch.FastLaunch` derives everything else from it.
-Optional arguments carry defaults (None for a pointer), so a caller names only
-what it uses.
+One ``@triton.jit`` kernel serves every staging path (the runner's graphs and its
+eager path, ``stage_embeddings``, ``stage_token_inputs``, the custom ops). Its
+runtime arguments are fixed for a set of destinations: the parameter block, the
+error word, the slab, ``pad_to``. Everything a batch changes (``n``, the sources'
+addresses and dtypes, vocabulary bounds, ``text_scale``, the media items) is data
+in the block (:mod:`slabstage.kernels.params`), so a captured launch serves every
+batch. Constexprs are what the destinations fix: the slab's width and dtype, the
+piece of a row one program writes, how many integer slots there are.
 
-Grid: one program per ``BLOCK`` columns of one slab row, ``COL_BLOCKS`` programs
-per row, rows ``[0, pad_to)`` (with the embedding half off: one program per
-``TOK_BLOCK`` rows). The program at column block 0 of every ``TOK_BLOCK``-th row
-also copies ``TOK_BLOCK`` rows of each integer slot; the program of row 0 writes
-the per-request slots and the token count.
+Grid: with ``EMBED``, ``pad_to * COL_BLOCKS`` programs, one per ``BLOCK`` columns of
+a slab row; the program at column block 0 of every ``TOK_BLOCK``-th row also copies
+those rows of each integer slot. Without it, one program per ``TOK_BLOCK`` rows.
+Program 0 writes the per-request slots and the token count, and stores the step
+number into the ring's ``done`` word.
+
+Sources of any dtype the host accepts are read through their address with the
+dtype the block names (a uniform branch per program). Where the host found every
+address, row stride and bound in whole 16-byte vectors (``F_TEXT_VEC``,
+``F_MEDIA_VEC``) the loads carry that promise and compile to 16-byte loads.
 """
 
 from __future__ import annotations
 
 from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, VALUE_OUT_OF_RANGE
-from .launch import FastLaunch
+from .params import (D_ADDR, D_DTYPE, D_FILL, D_KIND, D_LENGTH, D_PAD, D_ROWS, D_STRIDE, DEST_WORDS, F_MEDIA,
+                     F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED, F_TEXT_VEC, F_TEXT_WRAP, H_B,
+                     H_COUNTER, H_DONE, H_FLAGS, H_IDS, H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE, H_ITEM_BLOCKS, H_ITEMS,
+                     H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_N, H_NUM_ITEMS, H_NUM_MEDIA, H_SCALE, H_STEP, H_TABLE,
+                     H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_END, H_VOCAB_SIZE, H_VOCAB_START,
+                     H_WORDS, HEADER_WORDS, S_ADDR, S_DTYPE, S_STRIDE, SOURCE_WORDS)
 from .runtime import SOFT_CASTS, cast_to, tl, triton
+from ..staging.slots import COUNT, REQUESTS
 
-__all__ = ["stage_kernel", "STAGE", "TOK_BLOCK", "ITEM_CHUNK", "MEDIA_NONE", "MEDIA_TENSOR", "MEDIA_ITEMS",
-           "ITEM_FIELDS"]
+__all__ = ["stage_kernel", "fetch_kernel", "TOK_BLOCK", "ITEM_CHUNK", "FETCH_CHUNK"]
 
 TOK_BLOCK = 128  # integer-slot rows per program
 ITEM_CHUNK = 32  # item starts read per vector load when finding a media row's item
-MEDIA_NONE, MEDIA_TENSOR, MEDIA_ITEMS = 0, 1, 2
-ITEM_FIELDS = 4  # per item block in the item table: address, row stride, first column, end column
+FETCH_CHUNK = 512  # parameter-block words a fetch program copies (4 KiB)
 
 if triton is not None:
-    _SOFT = tl.constexpr(SOFT_CASTS)
-    _BAD_ID = tl.constexpr(BAD_TOKEN_ID)
-    _BAD_MEDIA = tl.constexpr(BAD_MEDIA_INDEX)
-    _RANGE = tl.constexpr(VALUE_OUT_OF_RANGE)
-    _TOK_BLOCK = tl.constexpr(TOK_BLOCK)
-    _ITEM_CHUNK = tl.constexpr(ITEM_CHUNK)
+    _C = tl.constexpr
+    _SOFT = _C(SOFT_CASTS)
+    _BAD_ID, _BAD_MEDIA, _RANGE = _C(BAD_TOKEN_ID), _C(BAD_MEDIA_INDEX), _C(VALUE_OUT_OF_RANGE)
+    _TOK_BLOCK, _ITEM_CHUNK, _HEADER = _C(TOK_BLOCK), _C(ITEM_CHUNK), _C(HEADER_WORDS)
+    _SRC_WORDS, _DST_WORDS = _C(SOURCE_WORDS), _C(DEST_WORDS)
+    (_H_STEP, _H_DONE, _H_N, _H_B, _H_VS, _H_VE, _H_VZ, _H_SCALE, _H_FLAGS, _H_TABLE, _H_TSTRIDE, _H_TWIDTH,
+     _H_TDTYPE, _H_IDS, _H_IDS_DT, _H_INDEX, _H_INDEX_DT, _H_NUM_MEDIA, _H_NUM_ITEMS, _H_ITEM_BLOCKS, _H_MDTYPE,
+     _H_MWIDTH, _H_ITEMS) = (_C(v) for v in (
+        H_STEP, H_DONE, H_N, H_B, H_VOCAB_START, H_VOCAB_END, H_VOCAB_SIZE, H_SCALE, H_FLAGS, H_TABLE,
+        H_TABLE_STRIDE, H_TABLE_WIDTH, H_TABLE_DTYPE, H_IDS, H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE, H_NUM_MEDIA,
+        H_NUM_ITEMS, H_ITEM_BLOCKS, H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_ITEMS))
+    _S_ADDR, _S_DTYPE, _S_STRIDE = _C(S_ADDR), _C(S_DTYPE), _C(S_STRIDE)
+    _D_ADDR, _D_DTYPE, _D_STRIDE, _D_FILL, _D_PAD, _D_KIND, _D_ROWS, _D_LENGTH = (_C(v) for v in (
+        D_ADDR, D_DTYPE, D_STRIDE, D_FILL, D_PAD, D_KIND, D_ROWS, D_LENGTH))
+    (_F_SCALE, _F_MEDIA, _F_TEXT_TILED, _F_TEXT_WRAP, _F_MEDIA_TILED, _F_MEDIA_WRAP, _F_TEXT_VEC,
+     _F_MEDIA_VEC) = (_C(v) for v in (F_SCALE, F_MEDIA, F_TEXT_TILED, F_TEXT_WRAP, F_MEDIA_TILED, F_MEDIA_WRAP,
+                                      F_TEXT_VEC, F_MEDIA_VEC))
+    _REQUESTS, _COUNT = _C(REQUESTS), _C(COUNT)
+    _H_COUNTER, _H_WORDS = _C(H_COUNTER), _C(H_WORDS)
 
     @triton.jit
-    def _copy_pad(src_ptr, dst_ptr, errors_ptr, offs, count, limit, fill, PAD: tl.constexpr):
-        """dst[offs] = src[offs] below count; = fill in [count, limit) when PAD.
-
-        A value the destination's dtype cannot hold is still stored (truncated) but
-        recorded in the error word: a narrowing copy is never silent.
-        """
-        keep = offs < count
-        val = tl.load(src_ptr + offs, mask=keep, other=0)
-        if dst_ptr.dtype.element_ty != src_ptr.dtype.element_ty:
-            lost = keep & (val.to(dst_ptr.dtype.element_ty).to(val.dtype) != val)
-            tl.atomic_or(errors_ptr, _RANGE, mask=tl.max(lost.to(tl.int32), axis=0) > 0)
-        if PAD:
-            tl.store(dst_ptr + offs, tl.where(keep, val, fill).to(dst_ptr.dtype.element_ty), mask=offs < limit)
+    def _ints(addr, code, offs, mask, other):
+        """int64 values at ``offs`` of the int32 (``code == 1``) or int64 (2) array at byte address ``addr``."""
+        if code == 2:
+            v = tl.load(addr.to(tl.pointer_type(tl.int64)) + offs, mask=mask, other=other)
         else:
-            tl.store(dst_ptr + offs, val.to(dst_ptr.dtype.element_ty), mask=keep)
+            v = tl.load(addr.to(tl.pointer_type(tl.int32)) + offs, mask=mask, other=other).to(tl.int64)
+        return v
 
-    @triton.jit(do_not_specialize=["n", "pad_to", "vocab_start", "vocab_end", "vocab_size", "num_media", "num_items",
-                                   "b", "stride_mrope"])
-    def stage_kernel(
-        errors_ptr, ids_ptr, n, pad_to,
-        # embeddings
-        slab_ptr=None, table_ptr=None, media_ptr=None, media_index_ptr=None, items_ptr=None,
-        vocab_start=0, vocab_end=0, vocab_size=0, num_media=0, num_items=0, text_scale=1.0,
-        stride_slab=0, stride_table=0, stride_media=0,
-        # integer slots
-        pos_ptr=None, loc_ptr=None, mrope_ptr=None, seq_ptr=None, ext_ptr=None,
-        ids_dst_ptr=None, pos_dst_ptr=None, loc_dst_ptr=None, mrope_dst_ptr=None, seq_dst_ptr=None,
-        ext_dst_ptr=None, ntok_dst_ptr=None,
-        b=0, batch_cap=0, stride_mrope=0, stride_mrope_dst=0,
-        ids_fill=0, pos_fill=0, loc_fill=0, mrope_fill=0, seq_fill=0, ext_fill=0,
-        EMBED: tl.constexpr = True, TOKENS: tl.constexpr = True,
-        WIDTH: tl.constexpr = 1, TEXT_WIDTH: tl.constexpr = 1, MEDIA_WIDTH: tl.constexpr = 1,
-        BLOCK: tl.constexpr = 16, COL_BLOCKS: tl.constexpr = 1,
-        TEXT_TILED: tl.constexpr = False, MEDIA_TILED: tl.constexpr = False,
-        MEDIA_MODE: tl.constexpr = 0, ITEM_BLOCKS: tl.constexpr = 1, ITEM_VEC: tl.constexpr = 1,
-        ITEM_WHOLE: tl.constexpr = False,
-        MEDIA_OWNER: tl.constexpr = True, HAS_SCALE: tl.constexpr = False,
-        PAD_IDS: tl.constexpr = False, PAD_POS: tl.constexpr = False, PAD_LOC: tl.constexpr = False,
-        PAD_MROPE: tl.constexpr = False, PAD_SEQ: tl.constexpr = False, PAD_EXT: tl.constexpr = False,
-        HAS_LOC: tl.constexpr = False, HAS_MROPE: tl.constexpr = False, HAS_SEQ: tl.constexpr = False,
-        HAS_EXT: tl.constexpr = False, REQ_BLOCK: tl.constexpr = 1,
-    ):
+    @triton.jit
+    def _store_ints(addr, code, offs, val, mask):
+        if code == 2:
+            tl.store(addr.to(tl.pointer_type(tl.int64)) + offs, val, mask=mask)
+        else:
+            tl.store(addr.to(tl.pointer_type(tl.int32)) + offs, val.to(tl.int32), mask=mask)
+
+    @triton.jit
+    def _copy_pad(sd, dd, errors_ptr, offs, count, limit, r):
+        """Row ``r`` of the slot whose source is described at ``sd`` and destination at ``dd``:
+        ``dst[offs] = src[offs]`` below ``count``, the pad value in ``[count, limit)`` when the slot pads.
+        A value the destination's dtype cannot hold is stored truncated and recorded in the error word: a
+        narrowing copy is never silent."""
+        src_code = tl.load(sd + _S_DTYPE)
+        dst_code = tl.load(dd + _D_DTYPE)
+        src = tl.load(sd + _S_ADDR) + r * tl.load(sd + _S_STRIDE) * (4 * src_code)  # byte addresses
+        dst = tl.load(dd + _D_ADDR) + r * tl.load(dd + _D_STRIDE) * (4 * dst_code)
+        keep = offs < count
+        val = _ints(src, src_code, offs, keep, 0)
+        if dst_code == 1:
+            lost = keep & (val.to(tl.int32).to(tl.int64) != val)
+            tl.atomic_or(errors_ptr, _RANGE, mask=tl.max(lost.to(tl.int32), axis=0) > 0)
+        if tl.load(dd + _D_PAD) != 0:
+            val = tl.where(keep, val, tl.load(dd + _D_FILL))
+            keep = offs < limit
+        _store_ints(dst, dst_code, offs, val, keep)
+
+    @triton.jit
+    def _load_f32(addr, start, cols, read, code, VEC: tl.constexpr, SOFT: tl.constexpr):
+        """fp32 values at ``start + cols`` of the array at byte address ``addr`` (dtype by ``code``), 0 where
+        not ``read``. (The hint goes on the pointer: Triton's alignment analysis stops at an int-to-pointer.)"""
+        if code == 2:
+            f32 = addr.to(tl.pointer_type(tl.float32))
+            if VEC:
+                f32 = tl.multiple_of(f32, 16)
+            x = tl.load(f32 + start + cols, mask=read, other=0.0)
+        elif code == 1:
+            b16 = addr.to(tl.pointer_type(tl.bfloat16))
+            if VEC:
+                b16 = tl.multiple_of(b16, 16)
+            x = cast_to(tl.load(b16 + start + cols, mask=read, other=0.0), tl.float32, SOFT)
+        else:
+            f16 = addr.to(tl.pointer_type(tl.float16))
+            if VEC:
+                f16 = tl.multiple_of(f16, 16)
+            x = tl.load(f16 + start + cols, mask=read, other=0.0).to(tl.float32)
+        return x
+
+    # VEC: the host found every address in 16 bytes and every row stride, width and block bound in whole
+    # 8-element units, so the loads may say so and compile to 16-byte loads. The promise is made on values
+    # loaded inside each instance (called once per VEC value, in the two arms of a branch on the block's
+    # switch): a hint on a value computed outside would reach the other arm too.
+
+    @triton.jit
+    def _text_row(params_ptr, tok, col0, offs, keep, flags, VEC: tl.constexpr, SOFT: tl.constexpr):
+        """fp32 values of slab columns ``col0 + offs`` of table row ``tok``: tiled when the table is narrower
+        and ``repeat`` was asked for, zeros past its width otherwise."""
+        stride = tl.load(params_ptr + _H_TSTRIDE)
+        width = tl.load(params_ptr + _H_TWIDTH)
+        if VEC:
+            stride, width = tl.multiple_of(stride, 8), tl.multiple_of(width, 8)
+        start = (tok - tl.load(params_ptr + _H_VS)) * stride
+        # a column that wraps on its own breaks the contiguity vector loads need: only the instance that
+        # makes no promise has that branch (a value merged from it would lose the promise)
+        if VEC:
+            if (flags & _F_TEXT_TILED) != 0:
+                c0 = tl.multiple_of(col0 % width, 8)  # (the analysis does not carry divisibility through %)
+            else:
+                c0 = col0
+            cols = c0.to(tl.int32) + offs
+        else:
+            if (flags & _F_TEXT_WRAP) != 0:
+                cols = ((col0 + offs) % width).to(tl.int32)
+            elif (flags & _F_TEXT_TILED) != 0:
+                cols = (col0 % width).to(tl.int32) + offs
+            else:
+                cols = col0.to(tl.int32) + offs
+        return _load_f32(tl.load(params_ptr + _H_TABLE), start, cols, keep & (cols < width),
+                         tl.load(params_ptr + _H_TDTYPE), VEC, SOFT)
+
+    @triton.jit
+    def _media_row(params_ptr, fields, nblocks, row, col0, offs, on, col_ok, flags, VEC: tl.constexpr,
+                   SOFT: tl.constexpr):
+        """fp32 values of slab columns ``col0 + offs`` of one media row (read only when ``on``): row ``row`` of
+        each column block of its item (``fields``: the item's ``(address, row stride, first column, end
+        column)`` per block)."""
+        width = tl.load(params_ptr + _H_MWIDTH)
+        if VEC:
+            width = tl.multiple_of(width, 8)
+        code = tl.load(params_ptr + _H_MDTYPE)
+        wrap = (flags & _F_MEDIA_WRAP) != 0
+        if VEC:  # (as in _text_row)
+            if (flags & _F_MEDIA_TILED) != 0:
+                c0 = tl.multiple_of(col0 % width, 8)
+            else:
+                c0 = col0
+            mcols = c0.to(tl.int32) + offs
+        else:
+            if wrap:
+                c0 = col0 * 0
+                mcols = ((col0 + offs) % width).to(tl.int32)
+            else:
+                c0 = col0 % width if (flags & _F_MEDIA_TILED) != 0 else col0
+                mcols = c0.to(tl.int32) + offs
+        m = tl.zeros(offs.shape, tl.float32)
+        j = 0
+        while j < nblocks:  # a while loop: the interpreter cannot range() over a runtime int
+            lo = tl.load(fields + 4 * j + 2, mask=on, other=0)
+            hi = tl.load(fields + 4 * j + 3, mask=on, other=0)
+            if VEC:
+                lo, hi = tl.multiple_of(lo, 8), tl.multiple_of(hi, 8)
+            if ((lo < c0 + offs.shape[0]) & (hi > c0)) | wrap:  # a block the piece misses costs two loads
+                stride = tl.load(fields + 4 * j + 1, mask=on, other=0)
+                if VEC:
+                    stride = tl.multiple_of(stride, 8)
+                read = on & col_ok & (mcols >= lo) & (mcols < hi)
+                x = _load_f32(tl.load(fields + 4 * j, mask=on, other=0), row * stride - lo, mcols, read, code, VEC,
+                              SOFT)
+                m = tl.where(read, x, m)
+            j += 1
+        return m
+
+    @triton.jit(do_not_specialize=["pad_to"])
+    def stage_kernel(params_ptr, errors_ptr, slab_ptr, pad_to,
+                     EMBED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, COL_BLOCKS: tl.constexpr,
+                     NUM_SLOTS: tl.constexpr, REQ_BLOCK: tl.constexpr):
         pid = tl.program_id(0)
+        n = tl.load(params_ptr + _H_N)
+        if pid == 0:  # the step's block has been read: the fetch and the host may move on
+            step = tl.load(params_ptr + _H_STEP)
+            tl.store(tl.load(params_ptr + _H_COUNTER).to(tl.pointer_type(tl.int64)), step)
+            tl.store(tl.load(params_ptr + _H_DONE).to(tl.pointer_type(tl.int64)), step)
         if EMBED:
             row = (pid // COL_BLOCKS).to(tl.int64)
-            col0 = (pid % COL_BLOCKS) * BLOCK
+            col0 = ((pid % COL_BLOCKS) * BLOCK).to(tl.int64)
         else:
             row = pid.to(tl.int64) * _TOK_BLOCK
-            col0 = 0
+            col0 = tl.zeros((), tl.int64)
         if EMBED:
+            flags = tl.load(params_ptr + _H_FLAGS)
             offs = tl.arange(0, BLOCK)
             cols = col0 + offs
             col_ok = cols < WIDTH
             live = row < n  # rows in [n, pad_to) are padding: zeros, nothing read
 
-            tok = tl.load(ids_ptr + row, mask=live, other=0).to(tl.int64)
-            if MEDIA_MODE != 0:
-                mi = tl.load(media_index_ptr + row, mask=live, other=-1).to(tl.int64)
-            else:
-                mi = tl.zeros((), tl.int64) - 1
+            tok = _ints(tl.load(params_ptr + _H_IDS), tl.load(params_ptr + _H_IDS_DT), row, live, 0)
+            index_code = tl.load(params_ptr + _H_INDEX_DT)  # 0: the batch has no media_index
+            mi = _ints(tl.load(params_ptr + _H_INDEX), index_code, row, live & (index_code != 0), -1)
+            vocab_size = tl.load(params_ptr + _H_VZ)
+            num_media = tl.load(params_ptr + _H_NUM_MEDIA)
             is_media = live & (mi >= 0)
             is_text = live & (mi < 0)
             bad_id = is_text & ((tok < 0) | (tok >= vocab_size))
             bad_media = is_media & (mi >= num_media)
-            read_text = is_text & (tok >= vocab_start) & (tok < vocab_end) & (tok < vocab_size)
+            read_text = is_text & (tok >= tl.load(params_ptr + _H_VS)) & (tok < tl.load(params_ptr + _H_VE)) \
+                & (tok < vocab_size)
 
             flag = (bad_id | bad_media) & (col0 == 0)  # one report per row
             tl.atomic_or(errors_ptr, tl.where(bad_id, _BAD_ID, _BAD_MEDIA), mask=flag)
             tl.atomic_add(errors_ptr + 1, 1, mask=flag)
             tl.atomic_min(errors_ptr + 2, row.to(tl.int32), mask=flag)
 
-            if TEXT_TILED:  # the launcher made BLOCK divide TEXT_WIDTH: a piece stays contiguous
-                t_cols = (col0 % TEXT_WIDTH) + offs
-                t_mask = col_ok & read_text
+            if (flags & _F_TEXT_VEC) != 0:
+                t = _text_row(params_ptr, tok, col0, offs, read_text & col_ok, flags, True, _SOFT)
             else:
-                t_cols = cols
-                t_mask = (cols < TEXT_WIDTH) & read_text
-            t = tl.load(table_ptr + (tok - vocab_start) * stride_table + t_cols, mask=t_mask, other=0.0)
-            if HAS_SCALE:
-                t = t.to(tl.float32) * text_scale
+                t = _text_row(params_ptr, tok, col0, offs, read_text & col_ok, flags, False, _SOFT)
+            if (flags & _F_SCALE) != 0:
+                # +0.0 wherever nothing was read, whatever the scale's sign (0 * -s is -0.0)
+                scale = tl.load(params_ptr + _H_SCALE).to(tl.int32).to(tl.float32, bitcast=True)
+                t = tl.where(read_text, t * scale, 0.0)
             val = cast_to(t, slab_ptr.dtype.element_ty, _SOFT)
-            # +0.0 wherever nothing was read, whatever the scale's sign (0 * -s is -0.0)
-            val = tl.where(t_mask, val, 0.0).to(slab_ptr.dtype.element_ty)
 
-            if MEDIA_MODE != 0 and MEDIA_OWNER:
+            if (flags & _F_MEDIA) != 0:
                 read_media = is_media & (mi < num_media)
-                if MEDIA_TILED:
-                    mcol0 = col0 % MEDIA_WIDTH
-                    m_cols = mcol0 + offs
-                    m_ok = col_ok
-                else:
-                    mcol0 = col0
-                    m_cols = cols
-                    m_ok = cols < MEDIA_WIDTH
-                if MEDIA_MODE == 1:
-                    m = tl.load(media_ptr + mi * stride_media + m_cols, mask=m_ok & read_media, other=0.0)
-                else:
-                    # the media row's item: how many items start at or before it, minus one
-                    item = tl.zeros((), tl.int64) - 1
+                items = params_ptr + tl.load(params_ptr + _H_ITEMS)
+                num_items = tl.load(params_ptr + _H_NUM_ITEMS)
+                # the media row's item: how many items start at or before it, minus one
+                item = tl.zeros((), tl.int64)
+                if num_items > 1:
+                    item -= 1
                     c = 0
-                    while c < num_items:  # a while loop: the interpreter cannot range() over a runtime int
+                    while c < num_items:
                         k = c + tl.arange(0, _ITEM_CHUNK)
-                        starts = tl.load(items_ptr + k, mask=k < num_items, other=2**62)
+                        starts = tl.load(items + k, mask=k < num_items, other=2**62)
                         item += tl.sum((starts <= mi).to(tl.int64), axis=0)
                         c += _ITEM_CHUNK
                     item = tl.maximum(item, 0)
-                    first = tl.load(items_ptr + item, mask=read_media, other=0)
-                    fields = items_ptr + num_items + item * (ITEM_BLOCKS * 4)
-                    if ITEM_WHOLE:
-                        # the host made BLOCK divide every block boundary: this program's columns lie in one
-                        # column block of the item; pick its fields with scalar selects, then load once
-                        addr = tl.zeros((), tl.int64)
-                        stride = addr
-                        c_lo = addr
-                        found = mcol0 < 0
-                        for j in tl.static_range(ITEM_BLOCKS):
-                            lo = tl.load(fields + 4 * j + 2, mask=read_media, other=0)
-                            hi = tl.load(fields + 4 * j + 3, mask=read_media, other=0)
-                            hit = (mcol0 >= lo) & (mcol0 < hi)
-                            addr = tl.where(hit, tl.load(fields + 4 * j, mask=read_media, other=0), addr)
-                            stride = tl.where(hit, tl.load(fields + 4 * j + 1, mask=read_media, other=0), stride)
-                            c_lo = tl.where(hit, lo, c_lo)
-                            found = found | hit
-                        base = addr.to(tl.pointer_type(media_ptr.dtype.element_ty))
-                        start = (mi - first) * stride + (mcol0 - c_lo)
-                        if ITEM_VEC > 1:
-                            base = tl.multiple_of(base, 16)
-                            start = tl.multiple_of(start, ITEM_VEC)
-                        m = tl.load(base + start + offs, mask=m_ok & read_media & found, other=0.0)
-                    else:
-                        m = tl.zeros((BLOCK,), media_ptr.dtype.element_ty)
-                        for j in tl.static_range(ITEM_BLOCKS):
-                            addr = tl.load(fields + 4 * j, mask=read_media, other=0)
-                            stride = tl.load(fields + 4 * j + 1, mask=read_media, other=0)
-                            c_lo = tl.load(fields + 4 * j + 2, mask=read_media, other=0)
-                            c_hi = tl.load(fields + 4 * j + 3, mask=read_media, other=0)
-                            base = addr.to(tl.pointer_type(media_ptr.dtype.element_ty))
-                            start = (mi - first) * stride + (mcol0 - c_lo)
-                            if ITEM_VEC > 1:  # the host checked: addresses, row strides and block columns
-                                # in 16-byte units (the bounds too: masks come in whole vectors, loads stay 16 B)
-                                base = tl.multiple_of(base, 16)
-                                start = tl.multiple_of(start, ITEM_VEC)
-                                c_lo = tl.multiple_of(c_lo, ITEM_VEC)
-                                c_hi = tl.multiple_of(c_hi, ITEM_VEC)
-                            in_block = m_ok & read_media & (m_cols >= c_lo) & (m_cols < c_hi)
-                            m = tl.where(in_block, tl.load(base + start + offs, mask=in_block, other=0.0), m)
+                in_item = mi - tl.load(items + item, mask=read_media, other=0)
+                nblocks = tl.load(params_ptr + _H_ITEM_BLOCKS)
+                fields = items + num_items + item * (nblocks * 4)
+                if (flags & _F_MEDIA_VEC) != 0:
+                    m = _media_row(params_ptr, fields, nblocks, in_item, col0, offs, read_media, col_ok, flags,
+                                   True, _SOFT)
+                else:
+                    m = _media_row(params_ptr, fields, nblocks, in_item, col0, offs, read_media, col_ok, flags,
+                                   False, _SOFT)
                 val = tl.where(is_media, cast_to(m, slab_ptr.dtype.element_ty, _SOFT), val)
+            else:  # no media, or another rank owns it: media rows are zeros
+                val = tl.where(is_media, 0.0, val).to(slab_ptr.dtype.element_ty)
+            tl.store(slab_ptr + row * WIDTH + cols, val, mask=col_ok & (row < pad_to))
 
-            tl.store(slab_ptr + row * stride_slab + cols, val, mask=col_ok & (row < pad_to))
-
-        if TOKENS:
+        if NUM_SLOTS > 0:
             if (col0 == 0) & (row % _TOK_BLOCK == 0):  # one program per _TOK_BLOCK rows
                 offs_t = row + tl.arange(0, _TOK_BLOCK)
-                _copy_pad(ids_ptr, ids_dst_ptr, errors_ptr, offs_t, n, pad_to, ids_fill, PAD_IDS)
-                _copy_pad(pos_ptr, pos_dst_ptr, errors_ptr, offs_t, n, pad_to, pos_fill, PAD_POS)
-                if HAS_LOC:
-                    _copy_pad(loc_ptr, loc_dst_ptr, errors_ptr, offs_t, n, pad_to, loc_fill, PAD_LOC)
-                if HAS_MROPE:
-                    for k in tl.static_range(3):
-                        _copy_pad(mrope_ptr + k * stride_mrope, mrope_dst_ptr + k * stride_mrope_dst, errors_ptr,
-                                  offs_t, n, pad_to, mrope_fill, PAD_MROPE)
-                if row == 0:  # per-request slots and the token count: small, one program
-                    req = tl.arange(0, REQ_BLOCK)
-                    if HAS_SEQ:
-                        _copy_pad(seq_ptr, seq_dst_ptr, errors_ptr, req, b, batch_cap, seq_fill, PAD_SEQ)
-                    if HAS_EXT:
-                        _copy_pad(ext_ptr, ext_dst_ptr, errors_ptr, req, b, batch_cap, ext_fill, PAD_EXT)
-                    tl.store(ntok_dst_ptr, n.to(ntok_dst_ptr.dtype.element_ty))
+                for s in tl.static_range(NUM_SLOTS):
+                    sd = params_ptr + _HEADER + s * _SRC_WORDS
+                    dd = params_ptr + _HEADER + NUM_SLOTS * _SRC_WORDS + s * _DST_WORDS
+                    kind = tl.load(dd + _D_KIND)
+                    if tl.load(dd + _D_DTYPE) != 0:  # a slot this stager writes
+                        if kind == _COUNT:
+                            if row == 0:
+                                _store_ints(tl.load(dd + _D_ADDR), tl.load(dd + _D_DTYPE), 0, n, True)
+                        elif tl.load(sd + _S_DTYPE) != 0:  # a source this batch gives
+                            if kind == _REQUESTS:
+                                if row == 0:
+                                    _copy_pad(sd, dd, errors_ptr, tl.arange(0, REQ_BLOCK), tl.load(params_ptr + _H_B),
+                                              tl.load(dd + _D_LENGTH), 0)
+                            else:
+                                r = 0
+                                rows = tl.load(dd + _D_ROWS)
+                                while r < rows:
+                                    _copy_pad(sd, dd, errors_ptr, offs_t, n, pad_to, r)
+                                    r += 1
 
-    STAGE = FastLaunch(stage_kernel)
+    @triton.jit
+    def fetch_kernel(ring_ptr, counter_ptr, params_ptr, slot_words, k, CHUNK: tl.constexpr):
+        """Copy the next step's block from the pinned ring into the device block: slot ``(counter + 1) % k``,
+        its first ``H_WORDS`` words; ``CHUNK`` words a program (the programs past the block's end copy
+        nothing). The first launch of every captured graph."""
+        src = ring_ptr + ((tl.load(counter_ptr) + 1) % k) * slot_words
+        offs = tl.program_id(0).to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+        keep = offs < tl.load(src + _H_WORDS)
+        tl.store(params_ptr + offs, tl.load(src + offs, mask=keep, other=0), mask=keep)
 else:  # pragma: no cover
-    stage_kernel = STAGE = None
+    stage_kernel = fetch_kernel = None

@@ -6,6 +6,7 @@ import torch
 
 from ..checks import FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_int
 from .registry import BufferRegistry
+from .slots import REQUESTS, ROWS, SLOTS, TOKENS
 
 __all__ = ["StagingBuffers", "ERROR_WORD_SIZE", "new_error_word"]
 
@@ -67,19 +68,7 @@ class StagingBuffers:
         self.max_num_tokens = max_num_tokens
         self.max_batch_size = max_batch_size
         self.errors = errors
-        self._token_scratch: torch.Tensor | None = None
-
-    def token_scratch(self, nbytes: int) -> torch.Tensor:
-        """A device buffer of ``nbytes`` bytes (uint8) for packed host inputs, grown (rarely) and reused.
-
-        Reuse is safe: each call's copy into it and the kernel reading it are
-        ordered on the current stream.
-        """
-        if self._token_scratch is None or self._token_scratch.numel() < nbytes:
-            cap = 8 * (6 * self.max_num_tokens + 2 * self.max_batch_size) + 256
-            with torch.inference_mode(False):  # a normal tensor, usable in and outside inference mode
-                self._token_scratch = torch.empty(max(nbytes, cap), dtype=torch.uint8, device=self.device)
-        return self._token_scratch[:nbytes]
+        self._stagers: dict = {}  # slabstage.kernels.launch.Stager.for_buffers keeps its stagers here
 
     @classmethod
     def allocate(
@@ -116,18 +105,23 @@ class StagingBuffers:
         except (RuntimeError, TypeError, AssertionError) as e:  # Assertion: torch without CUDA
             raise ValueError(f"device {device!r} is not usable: {e}") from None
 
+        dtypes = {"out_cache_loc": cache_loc_dtype}
+        switches = {"mrope": mrope}
         with torch.inference_mode(False):  # normal tensors, even when called under inference mode
             reg = BufferRegistry()
-            reg.register("input_ids", torch.zeros(T, dtype=torch.int64, device=device))
-            reg.register("positions", torch.zeros(T, dtype=torch.int64, device=device))
-            reg.register("out_cache_loc", torch.zeros(T, dtype=cache_loc_dtype, device=device))
-            reg.register("input_embeds", torch.zeros(T, W, dtype=embed_dtype, device=device))
-            if mrope:
-                reg.register("mrope_positions", torch.zeros(3, T, dtype=torch.int64, device=device), token_axis=1)
-            reg.register("seq_lens", torch.zeros(B, dtype=torch.int32, device=device), token_axis=None)
-            reg.register("extend_start_loc", torch.zeros(B, dtype=torch.int32, device=device), token_axis=None)
-            reg.register("num_tokens_non_padded", torch.zeros(1, dtype=torch.int32, device=device),
-                         token_axis=None, pad=None)
+            for spec in SLOTS:
+                if spec.switch is not None and not switches[spec.switch]:
+                    continue
+                if spec.kind != TOKENS and "input_embeds" not in reg:  # the slab after the token slots
+                    reg.register("input_embeds", torch.zeros(T, W, dtype=embed_dtype, device=device))
+                dtype = dtypes.get(spec.name, spec.dtype)
+                if spec.kind == TOKENS:
+                    reg.register(spec.name, torch.zeros(T, dtype=dtype, device=device))
+                elif spec.kind == ROWS:
+                    reg.register(spec.name, torch.zeros(spec.rows, T, dtype=dtype, device=device), token_axis=1)
+                else:
+                    size, pad = (B, "zeros") if spec.kind == REQUESTS else (1, None)
+                    reg.register(spec.name, torch.zeros(size, dtype=dtype, device=device), token_axis=None, pad=pad)
         return cls(reg, max_num_tokens=T, max_batch_size=B, errors=new_error_word(device))
 
     # slots, read through the registry

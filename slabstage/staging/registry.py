@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple, Union
 
 import torch
@@ -43,6 +44,9 @@ class RegistrySignature(dict):
     """slot name -> :class:`SlotSignature`, plus what :meth:`BufferRegistry.check` needs to be quick."""
 
     __slots__ = ("fast", "version")
+
+
+_ptr, _size, _stride, _dtype = torch.Tensor.data_ptr, torch.Tensor.size, torch.Tensor.stride, attrgetter("dtype")
 
 
 def _signature(t: torch.Tensor) -> SlotSignature:
@@ -168,26 +172,30 @@ class BufferRegistry:
     def signature(self) -> RegistrySignature:
         """Per slot: data_ptr, shape, stride, dtype and device, as they are now."""
         sig = RegistrySignature((name, _signature(s.tensor)) for name, s in self._slots.items())
-        # (tensor, data_ptr, torch.Size, stride, dtype): compared in the cheapest order, Size with Size
-        sig.fast = tuple((s.tensor, sig[name][0], torch.Size(sig[name][1]), *sig[name][2:4])
-                         for name, s in self._slots.items())
+        tensors = [s.tensor for s in self._slots.values()]
+        # what matches() compares, one C-level pass per field
+        sig.fast = (tensors, list(map(_ptr, tensors)), list(map(_size, tensors)), list(map(_stride, tensors)),
+                    list(map(_dtype, tensors)))
         sig.version = self._version
         return sig
+
+    def matches(self, signature: dict[str, SlotSignature]) -> bool:
+        """Whether every slot is as ``signature`` recorded it (host-only, a few microseconds)."""
+        if getattr(signature, "version", None) == self._version:
+            ts, ptrs, sizes, strides, dtypes = signature.fast
+            if (list(map(_ptr, ts)) == ptrs and list(map(_size, ts)) == sizes and list(map(_stride, ts)) == strides
+                    and list(map(_dtype, ts)) == dtypes):
+                return True
+        return self.signature() == signature
 
     def check(self, signature: dict[str, SlotSignature]) -> None:
         """Raise :class:`RegistryMismatchError` naming each slot that differs from ``signature``.
 
         Host-only and cheap (a few microseconds): it runs before every replay.
         """
-        if getattr(signature, "version", None) == self._version:
-            for t, ptr, shape, stride, dtype in signature.fast:
-                if t.data_ptr() != ptr or t.stride() != stride or t.shape != shape or t.dtype is not dtype:
-                    break
-            else:
-                return
-        now = self.signature()
-        if now == signature:
+        if self.matches(signature):
             return
+        now = self.signature()
         problems = []
         for name in sorted(set(now) | set(signature)):
             if name not in now:

@@ -1,0 +1,366 @@
+"""The one validation of a staging batch, for every path (graph, eager, the ops, the custom ops).
+
+Two halves, one function each:
+
+- :class:`Destinations` checks what a stager writes (the slab, every integer slot,
+  the error word) once per set of destinations;
+- :func:`check_batch` checks a batch against them. What a *configuration* fixes
+  (each input's kind, dtype, device and rank, the table's and the media tensor's
+  width, ``expand``, ``media_owner``, which inputs are given; values compared by
+  type and value, so ``1`` is not ``True``) is checked the first time the
+  configuration is seen and remembered; what can change (lengths, ``pad_to``,
+  bounds, ``text_scale``, the media items, addresses and storage overlap) on
+  every batch.
+
+Every check runs before anything is written; each error names what was wrong and
+what was expected, through :mod:`slabstage.checks`.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from operator import itemgetter
+
+import torch
+
+from ..checks import (FLOAT_DTYPES, INT32_MAX, INT_DTYPES, byte_span, check_bool, check_choice, check_fill,
+                      check_int, check_real, check_tensor, overlap_message)
+from ..staging.slots import COUNT, REQUESTS, ROWS, SLOTS, SOURCE_SLOTS
+from ..staging.width import check_source_width
+from .errors import check_error_word
+from .media import MediaPlan, describe_media
+
+__all__ = ["Destinations", "Checked", "check_batch", "check_sources"]
+
+_REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
+_INT_BITS = {torch.int32: 32, torch.int64: 64}
+_INT_RANGE = {torch.int32: (-(2**31), 2**31 - 1), torch.int64: (-(2**63), 2**63 - 1)}
+
+
+class Destinations:
+    """What one stager writes, checked: the slab (or None), one tensor per row of
+    :data:`~slabstage.staging.slots.SLOTS` (None where the stager writes no such slot), the error word.
+
+    ``host_ok``: integer inputs may be host tensors (they travel in the parameter block).
+    ``capacity``: the most tokens every destination holds.
+    """
+
+    def __init__(self, *, slab=None, slots=None, fills=None, errors, host_ok: bool, device=None,
+                 batch_cap: int | None = None) -> None:
+        if slab is not None:
+            check_tensor("slab", slab, dtypes=FLOAT_DTYPES, dims=2)
+            device = slab.device
+        self.device, self.slab, self.host_ok = device, slab, host_ok
+        self.slots = tuple(slots) if slots is not None else (None,) * len(SLOTS)
+        self.fills = tuple(fills) if fills is not None else (None,) * len(SLOTS)
+        named = []
+        if slab is not None:
+            if slab.stride() != (slab.shape[1], 1):
+                raise ValueError(f"slab rows must be contiguous with stride ({slab.shape[1]}, 1), got {slab.stride()}")
+            named.append(("the slab", slab))
+        lengths = [t.shape[0] for spec, t in zip(SLOTS, self.slots)
+                   if t is not None and spec.kind == REQUESTS and t.dim() == 1]
+        self.batch_cap = batch_cap if batch_cap is not None else min(lengths, default=0)  # per-request rows
+        rows = [slab.shape[0]] if slab is not None else []
+        for spec, t, fill in zip(SLOTS, self.slots, self.fills):
+            if t is None:
+                continue
+            what = f"slot {spec.name!r}"
+            check_tensor(what, t, dtypes=INT_DTYPES, device=device)
+            if spec.kind == ROWS:
+                check_tensor(what, t, dims=2, shape=(spec.rows, None))
+                if t.shape[1] > 1 and t.stride(1) != 1:
+                    raise ValueError(f"{what} must have contiguous rows, got stride {t.stride()}")
+                rows.append(t.shape[1])
+            else:
+                check_tensor(what, t, dims=1)
+                need = {COUNT: 1, REQUESTS: self.batch_cap}.get(spec.kind, 0)
+                if t.shape[0] < need:
+                    raise ValueError(f"{what} holds {t.shape[0]} entries, needs at least {need}")
+                if spec.kind not in (COUNT, REQUESTS):
+                    rows.append(t.shape[0])
+            if fill is not None:
+                check_fill(f"{what} pad", fill, t.dtype)
+            named.append((what, t))
+        check_error_word(errors, device, "the slab" if slab is not None else "the buffers")
+        self.errors = errors
+        named.append(("the error word", errors))
+        self.capacity = min(rows) if rows else 0
+        for k, (a, t) in enumerate(named):  # destinations that share storage would overwrite each other
+            for b, u in named[k + 1:]:
+                if _touch(t, u):
+                    raise ValueError(overlap_message(b, a))
+        spans = sorted((*byte_span(t), name) for name, t in named if t.numel())  # apart from each other
+        self._starts, self._ends, self._names = [s[0] for s in spans], [s[1] for s in spans], [s[2] for s in spans]
+        self.lo = spans[0][0] if spans else 0
+        self.hi = spans[-1][1] if spans else 0
+        self.host = host_ok and device.type == "cuda"  # host integer inputs travel in the parameter block
+        # per SOURCE_SLOTS row: the bits of the slot's dtype (0: the stager writes no such slot)
+        self.bits = tuple(_INT_BITS[t.dtype] if t is not None else 0 for t in self.slots[:len(SOURCE_SLOTS)])
+
+    def clear_of(self, src_name: str, start: int, end: int) -> None:
+        """Raise unless bytes ``[start, end)`` (a source's) miss every destination."""
+        if end <= self.lo or start >= self.hi or start == end:
+            return
+        i = bisect_right(self._starts, start)  # the destinations are apart: two neighbours to look at
+        if i and self._ends[i - 1] > start:
+            raise ValueError(overlap_message(src_name, self._names[i - 1]))
+        if i < len(self._starts) and self._starts[i] < end:
+            raise ValueError(overlap_message(src_name, self._names[i]))
+
+
+def _touch(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    a0, a1 = byte_span(a)
+    b0, b1 = byte_span(b)
+    return a0 < b1 and b0 < a1
+
+
+class Checked:
+    """A batch that passed :func:`check_batch`: what the parameter block and the reference are built from.
+
+    ``sources``: per :data:`~slabstage.staging.slots.SOURCE_SLOTS` row, the tensor to copy (None: not
+    given, or a slot the stager does not write); ``reads``: per source, ``(dtype, address, row stride,
+    bytes per row, rows)`` as read once for the checks.
+    """
+
+    __slots__ = ("n", "b", "pad_to", "ids", "sources", "reads", "table", "bounds", "scale", "media", "index",
+                 "expand", "media_owner", "ids_read", "index_read", "table_read")
+
+    def __init__(self, n, b, pad_to, ids, sources, reads, table=None, bounds=None, scale=None, media=None,
+                 index=None, expand="zeros", media_owner=True, reads3=(None, None, None)):
+        self.n, self.b, self.pad_to, self.ids, self.sources, self.reads = n, b, pad_to, ids, sources, reads
+        self.table, self.bounds, self.scale = table, bounds, scale
+        self.media: MediaPlan | None = media
+        self.index, self.expand, self.media_owner = index, expand, media_owner
+        self.ids_read, self.index_read, self.table_read = reads3  # what check_batch read of each
+
+
+_NAMES = tuple(spec.name for spec in SOURCE_SLOTS)
+_KINDS = tuple((spec.kind, spec.rows) for spec in SOURCE_SLOTS)
+_ELEM = {torch.int32: 4, torch.int64: 8, torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
+_NONE = (None,) * 7
+_CONF = itemgetter(0, 1, 2, 3)  # of a read: what a configuration fixes (kind, dtype, device, rank)
+
+
+def _read(t):
+    """One read of what the checks and the parameter block need of an input: ``(type, dtype, device index
+    (-1: the host; -2: no data, the meta device), rank, shape, stride, address)``."""
+    if t is None:
+        return _NONE
+    shape, ptr, device = t.shape, t.data_ptr(), t.get_device()
+    if device < 0 and not ptr and 0 not in shape:
+        device = -2
+    return type(t), t.dtype, device, len(shape), shape, t.stride(), ptr
+
+
+def check_sources(src, what: str = "PrefillBatch") -> None:
+    """What a batch must satisfy on its own, with no destinations to check it against (a
+    :class:`~slabstage.PrefillBatch` when it is made): the checks of :func:`check_batch` that need none."""
+    given = [getattr(src, name, None) for name in _NAMES]
+    _check_kinds(given, None, True, True, True, src.table, src.media, src.media_index, src.expand)
+    reads = list(map(_read, given))
+    _check_lengths(given, reads, (True,) * len(given), reads[0][4][0])
+    _check_index(src.media, src.media_index, reads[0][4][0], f"{what}.media was given without media_index")
+
+
+def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
+    """Check the batch ``src`` (an object with :class:`~slabstage.PrefillBatch`'s fields; the fields
+    ``dst`` does not write may be absent) against ``dst``; raise before anything is written.
+    ``configs``: the configurations checked so far for destinations like ``dst`` (kept by the caller).
+
+    Runs on every batch: each input is read once (:func:`_read`) and everything else is worked out from
+    what was read, so each check is a compare or two."""
+    embed = dst.slab is not None
+    fields = src.__dict__.get
+    given = list(map(fields, _NAMES))
+    if embed:
+        table, media, index = fields("table"), fields("media"), fields("media_index")
+        expand, owner, scale = fields("expand", "zeros"), fields("media_owner", True), fields("text_scale")
+    else:
+        table = media = index = scale = None
+        expand, owner = "zeros", True
+    try:
+        reads = list(map(_read, given))
+        tread, iread = _read(table), _read(index)
+        mread = _read(media) if type(media) is torch.Tensor else _NONE
+        key = (tuple(map(_CONF, reads)), _CONF(tread), tread[4] and tread[4][-1:],
+               _CONF(iread), type(media), _CONF(mread), mread[4] and mread[4][-1:],
+               type(expand), expand if type(expand) is str else id(expand), type(owner),
+               owner if type(owner) is bool else id(owner), type(scale))
+        known = key in configs
+    except (AttributeError, TypeError, RuntimeError, IndexError):  # not a tensor, or one with no data or shape
+        known = False
+    if not known:
+        _check_configuration(dst, given, table, media, index, expand, owner, scale)
+        configs[key] = True
+
+    ids = given[0]
+    n = reads[0][4][0]
+    sources, b = _check_lengths(given, reads, dst.slots, n, dst)
+    if b > dst.batch_cap and dst.batch_cap:
+        raise ValueError(f"{b} requests exceed max_batch_size={dst.batch_cap}")
+    if n > dst.capacity:
+        if not any(s is not None for s in dst.slots):
+            raise ValueError(f"{n} tokens exceed the slab's {dst.capacity} rows")
+        # (the runner's batches and stage_token_inputs' calls say it in their own words)
+        said = f"batch of {n} tokens exceeds" if hasattr(src, "num_tokens") else f"{n} tokens exceed"
+        raise ValueError(f"{said} the buffers' capacity of {dst.capacity} tokens")
+    if type(pad_to) is not int or not n <= pad_to <= dst.capacity:
+        if pad_to is None and not any(s is not None for s in dst.slots):
+            pad_to = n  # (stage_embeddings' default)
+        pad_to = check_int("pad_to", pad_to, lo=n, hi=dst.capacity)
+    if sources[0] is None:  # embeddings alone: the ids are read all the same
+        r = reads[0]
+        if len(r[4]) != 1 or (n > 1 and r[5][0] != 1):
+            check_tensor("input_ids", ids, dims=1)  # names what is wrong
+        dst.clear_of("input_ids", r[6], r[6] + n * _ELEM[r[1]])
+    if not embed:
+        return Checked(n, b, pad_to, ids, sources, reads, reads3=(reads[0], None, None))
+
+    width = dst.slab.shape[1]
+    rows, tw = tread[4]
+    if tread[5][1] != 1 and tw > 1:
+        check_tensor("table", table, dims=2)  # "... must be contiguous along its last axis"
+    plan = describe_media(media, dst.device, width, tw, expand, mread if mread[0] is not None else None)
+    if index is not None:
+        if iread[4] != (n,) or (n > 1 and iread[5][0] != 1):
+            check_tensor("media_index", index, shape=(n,))  # names what is wrong
+        if not (dst.host and iread[2] < 0):  # (a host index is copied into the block)
+            dst.clear_of("media_index", iread[6], iread[6] + n * _ELEM[iread[1]])
+    elif plan is not None:
+        raise ValueError("media was given without media_index: say which rows are media rows")
+    if scale is not None and not (type(scale) is float and math.isfinite(scale)):
+        scale = check_real("text_scale", scale)
+    vocab_range, vocab_size = fields("vocab_range"), fields("vocab_size")
+    if vocab_range is None and vocab_size is None and rows <= INT32_MAX:
+        bounds = (0, rows, rows)
+    else:
+        bounds = _vocab_bounds(vocab_range, vocab_size, rows)
+    dst.clear_of("table", tread[6], tread[6] + ((rows - 1) * tread[5][0] + tw) * _ELEM[tread[1]] if rows else 0)
+    if plan is not None and plan.lows and min(plan.lows) < dst.hi and max(plan.highs) > dst.lo:
+        for name, lo, hi in plan.spans():
+            dst.clear_of(name, lo, hi)
+    return Checked(n, b, pad_to, ids, sources, reads, table, bounds, scale, plan, index, expand, owner,
+                   (reads[0], iread, tread))
+
+
+def _check_kinds(given, device, host_ok: bool, slots: bool, embed: bool, table, media, index, expand) -> None:
+    """Each input's kind, dtype, device and rank (``device=None``: any device). ``slots``: the integer
+    slots are written (their required sources must be given; the ids always are); ``embed``: the slab."""
+    for spec, t in zip(SOURCE_SLOTS, given):
+        if t is None and not (spec.required and (slots or spec.name == "input_ids")):
+            continue
+        if spec.kind == ROWS:
+            if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[0] == spec.rows and t.shape[1] == 1:
+                raise ValueError(f"{spec.name} must be [{spec.rows}, n] for one packed batch, got {tuple(t.shape)} "
+                                 f"(the [3, batch, n] form of Hugging Face's get_rope_index): take [:, 0] of each "
+                                 f"request or use slabstage.hf.mrope_positions")
+            check_tensor(spec.name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok)
+        else:
+            check_tensor(spec.name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
+    if not embed:
+        return
+    check_tensor("table", table, dtypes=FLOAT_DTYPES, device=device, dims=2)
+    if isinstance(media, torch.Tensor):
+        check_tensor("media", media, dtypes=FLOAT_DTYPES, device=device, dims=2)
+    if index is not None:
+        check_tensor("media_index", index, dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
+    check_choice("expand", expand, ("zeros", "repeat"))
+
+
+def _check_lengths(given, reads, slots, n: int, dst: Destinations | None = None) -> tuple[list, int]:
+    """``(sources, b)``: the integer sources that ``slots`` take, each checked against the batch's ``n`` and
+    its request count ``b`` (from ``reads``, what was read of them); with ``dst``, also their values
+    (host ones) and their storage against every destination."""
+    b = -1
+    sources = [None] * len(given)
+    for k, r in enumerate(reads):
+        if r[0] is None or slots[k] is None:
+            continue
+        shape = r[4]
+        kind, rows = _KINDS[k]
+        if kind == REQUESTS:
+            if b < 0:
+                b = shape[0] if len(shape) == 1 else 0
+            elif shape[0] != b:
+                raise ValueError(f"extend_start_loc has {shape[0]} entries but seq_lens has {b}: one per request")
+            want = (b,)
+        else:
+            want = (rows, n) if kind == ROWS else (n,)
+        if shape != want or (want[-1] > 1 and r[5][-1] != 1):
+            check_tensor(_NAMES[k], given[k], shape=want)  # names what is wrong
+        sources[k] = given[k]
+        if dst is None:
+            continue
+        if r[2] < 0:  # a host input: its values must fit its slot (a device one is flagged on the device)
+            if dst.bits[k] < _INT_BITS[r[1]]:
+                _check_values(_NAMES[k], given[k], slots[k].dtype)
+            if dst.host:
+                continue  # copied into the block: apart from every destination
+        elems = shape[0] if len(shape) == 1 else (shape[0] - 1) * r[5][0] + shape[1]
+        dst.clear_of(_NAMES[k], r[6], r[6] + elems * _ELEM[r[1]])
+    return sources, max(b, 0)
+
+
+def _check_index(media, index, n: int, missing: str) -> None:
+    if index is not None:
+        if index.shape != (n,) or (n > 1 and index.stride(0) != 1):
+            check_tensor("media_index", index, shape=(n,))  # names what is wrong
+    elif media is not None:
+        raise ValueError(missing)
+
+
+def _check_configuration(dst: Destinations, given, table, media, index, expand, owner, scale) -> None:
+    """The checks a configuration decides: kinds, dtypes, devices, ranks, widths, switches."""
+    device = dst.device
+    has_slots = any(s is not None for s in dst.slots)
+    _check_kinds(given, device, dst.host_ok, has_slots, dst.slab is not None, table, media, index, expand)
+    for spec, t, slot in zip(SOURCE_SLOTS, given, dst.slots):
+        if t is not None and slot is None and has_slots:
+            if spec.switch is not None:
+                raise ValueError(f"{spec.name} given but the buffers were allocated without {spec.switch}=True")
+            raise ValueError(f"{spec.name} given but the buffers have no {spec.name!r} slot")
+    if dst.slab is None:
+        return
+    width = dst.slab.shape[1]
+    if table.shape[1] != width:
+        check_source_width("table", table.shape[1], width, expand)
+    check_bool("media_owner", owner)
+    if scale is not None:
+        check_real("text_scale", scale)
+    if isinstance(media, torch.Tensor):
+        describe_media(media, device, width, table.shape[1], expand)
+
+
+def _check_values(name: str, t: torch.Tensor, slot_dtype: torch.dtype) -> None:
+    """A host input whose values its slot's dtype cannot hold is refused (a device one is flagged on the
+    device): a narrowing copy is never silent."""
+    if _INT_BITS[slot_dtype] >= _INT_BITS[t.dtype] or not t.is_cpu or not t.numel():
+        return
+    lo, hi = _INT_RANGE[slot_dtype]
+    values = t.numpy()  # a host tensor: numpy's min and max cost a fraction of torch's
+    vmin, vmax = int(values.min()), int(values.max())
+    if vmin < lo or vmax > hi:
+        raise ValueError(f"{name} holds {vmin if vmin < lo else vmax}, which its {slot_dtype} slot cannot hold")
+
+
+def _vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, int]:
+    """``(vocab_start, vocab_end, vocab_size)`` checked against a table of ``table_rows`` rows."""
+    if table_rows > INT32_MAX:
+        raise ValueError(f"the table has {table_rows} rows; at most {INT32_MAX} are supported")
+    if vocab_range is None:
+        vocab_start, vocab_end = 0, table_rows
+    else:
+        if not isinstance(vocab_range, (tuple, list)) or len(vocab_range) != 2:
+            raise TypeError(f"vocab_range must be a (start, end) pair of ints, got {vocab_range!r}")
+        vocab_start = check_int("vocab_range start", vocab_range[0], lo=0, hi=INT32_MAX)
+        vocab_end = check_int("vocab_range end", vocab_range[1], lo=vocab_start, hi=INT32_MAX)
+        if vocab_end - vocab_start > table_rows:
+            raise ValueError(f"vocab_range {tuple(vocab_range)!r} spans {vocab_end - vocab_start} ids but the "
+                             f"table has {table_rows} rows")
+    if vocab_size is None:
+        return vocab_start, vocab_end, vocab_end
+    return vocab_start, vocab_end, check_int("vocab_size", vocab_size, lo=vocab_end, hi=INT32_MAX)
