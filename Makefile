@@ -47,7 +47,7 @@ bench-report: setup
 	$(PY) -m slabstage.bench report
 
 profile: setup
-	$(PY) bench/profile.py
+	$(PY) bench/nvtx_workload.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis .ruff_cache build dist

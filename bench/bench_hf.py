@@ -34,6 +34,7 @@ import pytest
 import torch
 
 import slabstage as ss
+from slabstage.bench import synced_us
 
 transformers = pytest.importorskip("transformers")
 
@@ -184,14 +185,7 @@ def _count_syncs(fn) -> int:
 
 
 def _wall_ms(fn, rounds) -> float:
-    times = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return statistics.median(synced_us(fn) for _ in range(rounds)) / 1e3
 
 
 @pytest.fixture(scope="module")

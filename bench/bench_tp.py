@@ -59,9 +59,8 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 if __name__ == "__main__" and sys.path and Path(sys.path[0] or os.curdir).resolve() == _HERE:
-    # Run as a script, bench/ heads sys.path: bench/profile.py would shadow the standard library's
-    # `profile` and slabstage would be found only when installed. Put the checkout there instead
-    # (spawned children inherit this sys.path).
+    # Run as a script, bench/ heads sys.path: put the checkout there, so its slabstage is found installed
+    # or not (spawned children inherit this sys.path).
     sys.path[0] = str(_HERE.parent)
 
 import torch  # noqa: E402

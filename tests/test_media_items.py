@@ -1115,3 +1115,21 @@ def test_cuda_captured_staging_reads_the_items_at_replay(where):
     want, _ = expected_slab(poisoned(n + 4, W, BF16, "cpu"), ids, table, items, index, pad_to=n + 2)
     assert_same_slab(slab, want)
     assert errors.tolist() == CLEAN
+
+
+@pytest.mark.parametrize("offset, width, stride", [(0, 16, 16), (1, 16, 16), (0, 12, 12), (0, 16, 24), (8, 16, 24)])
+def test_item_plan_vector_flag_follows_every_address_and_stride(offset, width, stride):
+    """The plan of items of one tensor each promises 16-byte loads only when every item's address, row stride
+    and width are whole 16-byte vectors (bf16: 8 elements), as the plan of column-block items does."""
+    from slabstage.kernels.media import describe_media
+    pool = torch.zeros(4096, dtype=torch.bfloat16)
+    items = [pool[offset + 512 * k:offset + 512 * k + 3 * stride].view(3, stride)[:, :width] for k in range(3)]
+    items.append(torch.zeros(0, width, dtype=torch.bfloat16))  # an empty item is never read
+    plan = describe_media(items, torch.device("cpu"), width, width, "zeros")
+    aligned = all(t.data_ptr() % 16 == 0 for t in items[:3]) and width % 8 == 0 and stride % 8 == 0
+    assert plan.vec == aligned
+    assert plan.starts == [0, 3, 6, 9] and plan.rows == 9 and plan.width == width
+    assert plan.fields[:4] == [items[0].data_ptr(), stride, 0, width]
+    assert plan.fields[-4] == 0 and plan.fields[-2:] == [0, width]  # the empty item: no address
+    assert plan.lows == [t.data_ptr() for t in items[:3]]
+    assert plan.highs == [t.data_ptr() + (2 * stride + width) * 2 for t in items[:3]]

@@ -1,4 +1,4 @@
-"""bench/profile.py's workload leaves the slabstage NVTX ranges in a torch.profiler trace."""
+"""bench/nvtx_workload.py's workload leaves the slabstage NVTX ranges in a torch.profiler trace."""
 
 import importlib.util
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-PROFILE = Path(__file__).resolve().parents[1] / "bench" / "profile.py"
+PROFILE = Path(__file__).resolve().parents[1] / "bench" / "nvtx_workload.py"
 
 
 def _load_profile_module():
@@ -21,7 +21,7 @@ def _load_profile_module():
 @pytest.fixture(scope="module")
 def trace_names(tmp_path_factory):
     if not PROFILE.exists():
-        pytest.skip("bench/profile.py is not in this checkout")
+        pytest.skip("bench/nvtx_workload.py is not in this checkout")
     trace = tmp_path_factory.mktemp("profile") / "trace.json"
     args = ["--steps", "3", "--warmup", "1", "--batches", "3", "--max-tokens", "64", "--width", "32",
             "--vocab", "100", "--torch-profiler", str(trace), "--quiet"]

@@ -5,8 +5,8 @@
 Triton's wheel carries ptxas, so the PTX can be read where no GPU is. The kernel reads
 every source through an address from its parameter block, in two instances: one that
 promises 16-byte alignment (taken when the host found it) and one that promises nothing.
-``loads_v4`` counts the 16-byte loads: the promising instance of the text and the media
-path must have them (``expected_v4``); if a change loses the promise, they fall back to
+``loads_v4`` counts the 16-byte loads: the promising instance of the text (scaled or not) and
+the media path must have them (``expected_v4``); if a change loses the promise, they fall back to
 scalar loads and the count drops. tests/test_stage_kernel_codegen.py runs it.
 """
 
@@ -43,8 +43,9 @@ def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
                        attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)).asm["ptx"]
     per_thread = block // (32 * num_warps)  # elements of a row piece each thread holds
-    # the promising instance, per source (text, media): 16-byte loads of fp16, bf16 and fp32 rows
-    expected = 2 * (2 * max(1, per_thread // 8) + max(1, per_thread // 4))
+    # the promising instance of each read (text rows scaled, text rows, media rows): 16-byte loads of fp16,
+    # bf16 and fp32 rows
+    expected = 3 * (2 * max(1, per_thread // 8) + max(1, per_thread // 4))
     return dict(width=width, slab=slab, block=block, num_warps=num_warps, loads=len(re.findall(r"ld\.global", ptx)),
                 loads_v4=len(re.findall(r"ld\.global[^\n]*\.v4", ptx)), expected_v4=expected)
 

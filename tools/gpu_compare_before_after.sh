@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call, by phase: GPU tests, then benchmarks of an older tree (.gpu-old, carried) and of this one
 # in the same session, so that "no worse than before" is one run's ratio.
-#   PHASES="wheels tests items old new old2 new2 hf" TESTS="tests/test_x.py" K="pytest -k expression" HF_K=... HF_TESTS=0 bash tools/gpu_compare_before_after.sh
+#   PHASES="wheels tests items host old new old2 new2 hf" TESTS="tests/test_x.py" K="pytest -k expression" HF_K=... HF_TESTS=0 bash tools/gpu_compare_before_after.sh
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/slabstage-gpu}
@@ -24,6 +24,9 @@ for phase in ${PHASES:-tests}; do
            echo "tests: $(tail -1 "$OUT/tests.log")"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
            grep -E "^E  " "$OUT/tests.log" | sort | uniq -c | sort -rn | head -12 ;;
     items) K= bench . items bench/bench_media_items.py ;;
+    host) for run in ".gpu-old old" ". new" ".gpu-old old2" ". new2"; do
+            set -- $run; timeout 120 python3 bench/run_host_time.py "$1" "$2" 2>&1 | tail -4
+          done ;;
     old|old2) bench .gpu-old "$phase" bench/bench_stage_embeddings.py bench/bench_graph_runner.py ;;
     new|new2) bench . "$phase" bench/bench_stage_embeddings.py bench/bench_graph_runner.py ;;
     hf) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl

@@ -36,7 +36,7 @@ for phase in "$@"; do
     racecheck_ours)  # slabstage's kernels only (the toy model's cuDNN attention is third party)
       run sanitize_warm python3 tools/sanitize_workload.py
       run racecheck_stage compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
-        --kernel-regex kns=_stage_ python3 tools/sanitize_workload.py
+        --kernel-regex kns=stage_kernel python3 tools/sanitize_workload.py
       run racecheck_media compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
         --kernel-regex kns=_media_index python3 tools/sanitize_workload.py ;;
     bench_runner) run bench_runner python3 -m slabstage.bench run --results bench/results --suite graph_runner ;;
@@ -44,11 +44,10 @@ for phase in "$@"; do
         run tp_bench python3 bench/bench_tp.py ;;
     bench) run bench python3 -m slabstage.bench run --results bench/results
            run report python3 -m slabstage.bench report --results bench/results ;;
-    profile) run profile python3 bench/profile.py --steps 40 --torch-profiler "$LOG/trace.json" ;;
-    probe) run probe python3 tools/probe_staging_kernels.py --quick ;;
-    prof) run prof python3 tools/profile_run_host_time.py
-          run prof_buckets python3 tools/profile_run_host_time_by_bucket.py ;;
-    quick) run quick python3 -m pytest tests/test_batch_stager.py tests/test_graph_runner.py tests/test_stage_batch.py \
+    profile) run profile python3 bench/nvtx_workload.py --steps 40 --torch-profiler "$LOG/trace.json" ;;
+    figures) run figures python3 bench/staging_figures.py --out "$LOG/staging_figures.json" ;;
+    graph_check) run graph_check python3 bench/graph_check.py --out "$LOG/graph_check.json" ;;
+    quick) run quick python3 -m pytest tests/test_graph_runner.py tests/test_stage_batch.py \
              tests/test_profile_ranges.py -q -p no:cacheprovider -rfEs ;;
     probe_mem) run probe_mem python3 tools/probe_capture_memory.py --json "$LOG/probe_mem.json" ;;
   esac

@@ -86,6 +86,17 @@ def default_results_dir() -> Path:
     return bench_dir() / "results"
 
 
+def synced_us(fn) -> float:
+    """Wall µs of one ``fn()`` between two device syncs: its latency, host and device together."""
+    import time
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e6
+
+
 def sleep_cycles_per_us() -> float:
     """How many ``torch.cuda._sleep`` cycles make a microsecond on this GPU (measured).
 

@@ -102,12 +102,13 @@ def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
     ``0..n-1``; what warm-up, capture and the check after it run on."""
     slab = buffers.input_embeds
     g = torch.Generator(device="cpu").manual_seed(n)
-    positions = torch.arange(n)
-    return PrefillBatch(input_ids=torch.randint(0, 16, (n,), generator=g), positions=positions,
-                        table=torch.randn(16, slab.shape[1], generator=g).to(buffers.device, slab.dtype),
+    host = torch.device("cpu")  # (named: a caller's default device has no say)
+    positions = torch.arange(n, device=host)
+    return PrefillBatch(input_ids=torch.randint(0, 16, (n,), generator=g, device=host), positions=positions,
+                        table=torch.randn(16, slab.shape[1], generator=g, device=host).to(buffers.device, slab.dtype),
                         mrope_positions=positions.expand(3, n) if buffers.mrope_positions is not None else None,
-                        seq_lens=torch.tensor([n], dtype=torch.int32),
-                        extend_start_loc=torch.zeros(1, dtype=torch.int32))
+                        seq_lens=torch.tensor([n], dtype=torch.int32, device=host),
+                        extend_start_loc=torch.zeros(1, dtype=torch.int32, device=host))
 
 
 # why a run() ran eagerly (runner.last_fallback; runner.stats()["eager"])

@@ -91,7 +91,8 @@ def check_chunk(chunk, length: int, where: str) -> tuple[int, int]:
 
 def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
     """Maximal runs of True in ``mask`` as ``(start, end)``, as HF groups placeholder tokens."""
-    padded = torch.cat([torch.zeros(1, dtype=torch.int8), mask.to(torch.int8), torch.zeros(1, dtype=torch.int8)])
+    edge = torch.zeros(1, dtype=torch.int8, device=mask.device)
+    padded = torch.cat([edge, mask.to(torch.int8), edge])
     edges = (padded[1:] - padded[:-1]).nonzero().flatten().tolist()
     return list(zip(edges[0::2], edges[1::2]))
 

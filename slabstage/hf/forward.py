@@ -52,8 +52,10 @@ def prefill_forward(model):
     hidden states after decoder layer ``i < k``, whole blocks, text rows carrying zeros),
     ``mrope_positions [3, T]`` for the VLMs (``positions [T]`` for decoder LMs), and
     ``seq_lens``, ``extend_start_loc``, ``num_tokens_non_padded`` for the packed mask
-    (:func:`packed_attention_mask`). Returns the last hidden states after the final norm,
-    ``[T, H]``, in the model's dtype. No KV cache is read or written.
+    (:func:`packed_attention_mask`). Buffers of one request a batch (``max_batch_size=1``) with
+    sdpa attention need no mask: SDPA runs causal. Returns the last hidden states after the final
+    norm, ``[T, H]``, in the model's dtype. No KV cache is read or written. Nothing in it changes
+    while a stream is capturing, so a replay runs the eager forward's kernels (docs/graphs.md).
 
     Raises ``TypeError``/:class:`WidthContractError` as :func:`input_embeds_width` does, and
     ``ValueError`` for an attention implementation other than sdpa or eager (flash attention
@@ -83,11 +85,17 @@ def prefill_forward(model):
         else:
             position_ids = views["positions"][None]  # [1, T]
         cos_sin = rotary(h, position_ids)
-        mask = packed_attention_mask(views["seq_lens"], views["extend_start_loc"],
-                                     views["num_tokens_non_padded"], T)
-        if additive:
-            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
-                ~mask, torch.finfo(dtype).min)
+        if views["seq_lens"].shape[0] == 1 and not additive:
+            # buffers of one request a batch: one sequence from row 0, so SDPA's own causal mask is exact for
+            # every real row (padding rows come last and only see rows before them), with no mask to build
+            # and the fastest kernel. Decided from a shape: the same in eager runs and in the graph.
+            mask = None
+        else:
+            mask = packed_attention_mask(views["seq_lens"], views["extend_start_loc"],
+                                         views["num_tokens_non_padded"], T)
+            if additive:
+                mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+                    ~mask, torch.finfo(dtype).min)
         for i, layer in enumerate(layers):
             h = layer(h, attention_mask=mask, position_embeddings=cos_sin)
             if isinstance(h, tuple):  # older layer APIs return (hidden, ...)

@@ -87,11 +87,11 @@ def _media_source_rows(model, ids: torch.Tensor, rows: Sequence[int], num_images
     """``int64[L]``: for each placeholder row of the prompt, its row in the request's items laid end to end
     (images, then videos); -1 for text rows. The checks have matched the placeholders with the items' rows."""
     config = model.config
-    src = torch.full(ids.shape, -1, dtype=torch.int64)
+    src = torch.full(ids.shape, -1, dtype=torch.int64, device="cpu")
     offset = 0
     for token, group in ((config.image_token_id, rows[:num_images]), (config.video_token_id, rows[num_images:])):
         is_ph = ids == token
-        src[is_ph] = offset + torch.arange(int(is_ph.sum()))
+        src[is_ph] = offset + torch.arange(int(is_ph.sum()), device="cpu")
         offset += sum(group)
     return src
 
@@ -134,7 +134,7 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     for req, c in zip(requests, checked):
         ids, start, end = c.ids, c.start, c.end
         ids_parts.append(ids[start:end])
-        pos_parts.append(torch.arange(start, end))
+        pos_parts.append(torch.arange(start, end, device="cpu"))
         if fam.is_vlm:
             mrope = req.mrope_positions
             if mrope is None:
@@ -145,7 +145,7 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
             used = src[src >= 0]
             if used.numel():
                 # keep only the items the chunk reads; rebase their rows onto the batch's items
-                ends = torch.tensor(c.rows).cumsum(0)
+                ends = torch.tensor(c.rows, device="cpu").cumsum(0)
                 first, last = (int(torch.searchsorted(ends, r, right=True)) for r in (used.min(), used.max()))
                 base = 0 if first == 0 else int(ends[first - 1])
                 items += list(c.media[first:last + 1])
@@ -163,7 +163,8 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     return PrefillBatch(
         input_ids=torch.cat(ids_parts), positions=torch.cat(pos_parts), table=table,
         mrope_positions=torch.cat(mrope_parts, 1) if mrope_parts else None,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), extend_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cpu"),
+        extend_start_loc=torch.tensor(starts, dtype=torch.int32, device="cpu"),
         media=media, media_index=media_index, expand=expand)
 
 

@@ -34,7 +34,16 @@ __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch"]
 MAX_ITEM_WORDS = 1 << 14  # the item table's room in a parameter block: 1 + 4 x blocks words an item
 _SHARED: dict = {}  # destinations' layout -> the Stager the ops share
 _LOCK = threading.Lock()
+_LAST_SLAB: list = [None]  # (slab, errors, layout, Destinations, Stager) of the last stage_embeddings call
 _REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
+
+
+def _layout(slab, errors):
+    """What a slab's and an error word's checks depend on, or None for anything but two tensors."""
+    if type(slab) is not torch.Tensor or type(errors) is not torch.Tensor:
+        return None
+    return (slab.data_ptr(), slab.shape, slab.stride(), slab.dtype, slab.device, errors.data_ptr(), errors.shape,
+            errors.stride(), errors.dtype, errors.device)
 
 
 def _f32_bits(x: float) -> int:
@@ -206,6 +215,23 @@ class Stager:
         return st
 
     @classmethod
+    def for_slab(cls, slab, errors) -> tuple[Destinations, "Stager"]:
+        """The checked destinations of a ``stage_embeddings`` call into ``slab`` and the stager they share.
+
+        The last call's are kept (nothing a stager does not already hold) and reused while ``slab`` and
+        ``errors`` are the same objects with the same storage, shape, strides, dtype and device: what
+        :class:`Destinations` checks is a function of those alone."""
+        layout = _layout(slab, errors)
+        last = _LAST_SLAB[0]
+        if layout is not None and last is not None and last[0] is slab and last[1] is errors and last[2] == layout:
+            return last[3], last[4]
+        dst = Destinations(slab=slab, errors=errors, host_ok=False)
+        st = cls.shared(dst)
+        if layout is not None:
+            _LAST_SLAB[0] = (slab, errors, layout, dst, st)
+        return dst, st
+
+    @classmethod
     def for_buffers(cls, buffers, embed: bool) -> "Stager":
         """The stager of ``buffers`` (with the slab when ``embed``), made again when a slot or the error word
         changed since it was made."""
@@ -251,7 +277,7 @@ class Stager:
         words = -(-end // 8)
         if own_block:
             step, at, done, counter = 0, 0, self.ring.spare_done_addr, self._spare_addr
-            block = torch.zeros(words, dtype=torch.int64, pin_memory=True)
+            block = torch.zeros(words, dtype=torch.int64, device="cpu", pin_memory=True)
             self._kept.append((block, own))
             mv = memoryview((c_char * (8 * words)).from_address(block.data_ptr())).cast("B")
             array, start = block.numpy(), block.data_ptr()

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..checks import INT32_MAX, check_int, is_int
-from .runtime import tl, triton, use_triton
+from .runtime import INTERPRETER_LOCK, tl, triton, use_triton
 from .errors import MEDIA_COUNT_MISMATCH, check_error_word, default_error_word
 from .reference import media_index_from_mask_reference
 
@@ -90,10 +90,22 @@ def media_index_from_spans(spans, num_tokens: int, *, device, num_media_rows: in
     for (d0, l0, _, k0), (d1, _, _, k1) in zip(parsed, parsed[1:]):
         if d1 < d0 + l0:
             raise ValueError(f"spans {k0} and {k1} overlap at row {d1}")
+    device = _usable(device)
     index = np.full(num_tokens, -1, dtype=np.int32)
     for dst, length, src, _ in parsed:
         index[dst:dst + length] = np.arange(src, src + length, dtype=np.int32)
-    return to_device_pinned(torch.from_numpy(index), torch.device(device))
+    return to_device_pinned(torch.from_numpy(index), device)
+
+
+def _usable(device) -> torch.device:
+    """``device`` as a torch.device this process can use, else ``ValueError`` naming it."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} is not a device: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} is not usable: this process has no CUDA device")
+    return device
 
 
 if triton is not None:
@@ -142,12 +154,17 @@ def media_index_from_mask(is_media: torch.Tensor, num_media_rows: int, *, src_st
                          f"past int32 (media_index is int32: at most {INT32_MAX})")
     errors = default_error_word(is_media.device) if errors is None else errors
     check_error_word(errors, is_media.device, "is_media")
-    if not use_triton(is_media) or n == 0 or (n > 1 and is_media.stride(0) != 1):
+    if not use_triton(is_media.device) or n == 0 or (n > 1 and is_media.stride(0) != 1):
         return media_index_from_mask_reference(is_media, num_media_rows, errors, src_start)
     counts = torch.cumsum(is_media, 0, dtype=torch.int32)
     index = torch.empty(n, dtype=torch.int32, device=is_media.device)
     block = 1024
-    _media_index_from_counts_kernel[(triton.cdiv(n, block),)](
-        mask_ptr=is_media, counts_ptr=counts, index_ptr=index, errors_ptr=errors, n=n, num_media=num_media_rows,
-        src_start=src_start, BLOCK=block, MISMATCH=MEDIA_COUNT_MISMATCH)
+    launch = _media_index_from_counts_kernel[(triton.cdiv(n, block),)]
+    args = dict(mask_ptr=is_media, counts_ptr=counts, index_ptr=index, errors_ptr=errors, n=n,
+                num_media=num_media_rows, src_start=src_start, BLOCK=block, MISMATCH=MEDIA_COUNT_MISMATCH)
+    if is_media.device.type == "cpu":  # the interpreter's launches share module state: one at a time
+        with INTERPRETER_LOCK:
+            launch(**args)
+    else:
+        launch(**args)
     return index

@@ -56,7 +56,7 @@ def media_rows(plan) -> torch.Tensor | None:
         return None
     rows = [torch.cat(blocks, 1) if len(blocks) > 1 else blocks[0] for blocks in plan.items if blocks[0].shape[0]]
     if not rows:
-        return torch.zeros(0, plan.width, dtype=plan.dtype)
+        return torch.zeros(0, plan.width, dtype=plan.dtype, device=plan.items[0][0].device)
     return torch.cat([r.to(rows[0].device) for r in rows], 0) if len(rows) > 1 else rows[0]
 
 

@@ -6,7 +6,6 @@ import torch
 
 from .errors import default_error_word, raise_if_errors
 from .launch import Inputs, Stager
-from .validate import Destinations
 
 __all__ = ["stage_embeddings"]
 
@@ -70,8 +69,8 @@ def stage_embeddings(
         errors = default_error_word(slab.device) if isinstance(slab, torch.Tensor) else None
     src = Inputs(input_ids=input_ids, table=table, media=media, media_index=media_index, expand=expand,
                  text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)
-    dst = Destinations(slab=slab, errors=errors, host_ok=False)
-    Stager.shared(dst).stage_into(dst, src, pad_to)
+    dst, stager = Stager.for_slab(slab, errors)
+    stager.stage_into(dst, src, pad_to)
     if strict:
         raise_if_errors(errors)
     return slab

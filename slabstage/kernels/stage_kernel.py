@@ -97,97 +97,90 @@ if triton is not None:
         _store_ints(dst, dst_code, offs, val, keep)
 
     @triton.jit
-    def _load_f32(addr, start, cols, read, code, VEC: tl.constexpr, SOFT: tl.constexpr):
-        """fp32 values at ``start + cols`` of the array at byte address ``addr`` (dtype by ``code``), 0 where
-        not ``read``. (The hint goes on the pointer: Triton's alignment analysis stops at an int-to-pointer.)"""
+    def _load_rows(addr, start, cols, read, code, OUT: tl.constexpr, VEC: tl.constexpr, SOFT: tl.constexpr):
+        """Values at ``start + cols`` of the array at byte address ``addr`` (dtype by ``code``), cast to ``OUT``,
+        0 where not ``read``. (The alignment hint goes on the pointer: the analysis stops at int-to-pointer.)"""
         if code == 2:
             f32 = addr.to(tl.pointer_type(tl.float32))
             if VEC:
                 f32 = tl.multiple_of(f32, 16)
-            x = tl.load(f32 + start + cols, mask=read, other=0.0)
+            x = cast_to(tl.load(f32 + start + cols, mask=read, other=0.0), OUT, SOFT)
         elif code == 1:
             b16 = addr.to(tl.pointer_type(tl.bfloat16))
             if VEC:
                 b16 = tl.multiple_of(b16, 16)
-            x = cast_to(tl.load(b16 + start + cols, mask=read, other=0.0), tl.float32, SOFT)
+            x = cast_to(tl.load(b16 + start + cols, mask=read, other=0.0), OUT, SOFT)
         else:
             f16 = addr.to(tl.pointer_type(tl.float16))
             if VEC:
                 f16 = tl.multiple_of(f16, 16)
-            x = tl.load(f16 + start + cols, mask=read, other=0.0).to(tl.float32)
+            x = cast_to(tl.load(f16 + start + cols, mask=read, other=0.0), OUT, SOFT)
         return x
 
     # VEC: the host found every address in 16 bytes and every row stride, width and block bound in whole
-    # 8-element units, so the loads may say so and compile to 16-byte loads. The promise is made on values
-    # loaded inside each instance (called once per VEC value, in the two arms of a branch on the block's
-    # switch): a hint on a value computed outside would reach the other arm too.
+    # 8-element units, so the loads say so and compile to 16-byte loads. A hint must sit on a value made in
+    # the function that gives it (it does not reach through an argument): the pointers are made and hinted
+    # inside the instance that promises (one per VEC value, in the two arms of a branch on the block's
+    # switch); the strides and widths the kernel loaded are hinted where it loads them, which the other
+    # instance sees too, harmlessly: its pointers promise nothing, so its loads stay one element wide.
 
     @triton.jit
-    def _text_row(params_ptr, tok, col0, offs, keep, flags, VEC: tl.constexpr, SOFT: tl.constexpr):
-        """fp32 values of slab columns ``col0 + offs`` of table row ``tok``: tiled when the table is narrower
-        and ``repeat`` was asked for, zeros past its width otherwise."""
-        stride = tl.load(params_ptr + _H_TSTRIDE)
-        width = tl.load(params_ptr + _H_TWIDTH)
+    def _source_cols(col0, offs, width, tiled, wrap, VEC: tl.constexpr):
+        """The source columns of slab columns ``col0 + offs``: tiled sources repeat. A column that wraps on its
+        own breaks the contiguity vector loads need: only the instance that makes no promise has it."""
         if VEC:
-            stride, width = tl.multiple_of(stride, 8), tl.multiple_of(width, 8)
-        start = (tok - tl.load(params_ptr + _H_VS)) * stride
-        # a column that wraps on its own breaks the contiguity vector loads need: only the instance that
-        # makes no promise has that branch (a value merged from it would lose the promise)
-        if VEC:
-            if (flags & _F_TEXT_TILED) != 0:
+            if tiled:
                 c0 = tl.multiple_of(col0 % width, 8)  # (the analysis does not carry divisibility through %)
             else:
                 c0 = col0
             cols = c0.to(tl.int32) + offs
         else:
-            if (flags & _F_TEXT_WRAP) != 0:
-                cols = ((col0 + offs) % width).to(tl.int32)
-            elif (flags & _F_TEXT_TILED) != 0:
-                cols = (col0 % width).to(tl.int32) + offs
-            else:
-                cols = col0.to(tl.int32) + offs
-        return _load_f32(tl.load(params_ptr + _H_TABLE), start, cols, keep & (cols < width),
-                         tl.load(params_ptr + _H_TDTYPE), VEC, SOFT)
-
-    @triton.jit
-    def _media_row(params_ptr, fields, nblocks, row, col0, offs, on, col_ok, flags, VEC: tl.constexpr,
-                   SOFT: tl.constexpr):
-        """fp32 values of slab columns ``col0 + offs`` of one media row (read only when ``on``): row ``row`` of
-        each column block of its item (``fields``: the item's ``(address, row stride, first column, end
-        column)`` per block)."""
-        width = tl.load(params_ptr + _H_MWIDTH)
-        if VEC:
-            width = tl.multiple_of(width, 8)
-        code = tl.load(params_ptr + _H_MDTYPE)
-        wrap = (flags & _F_MEDIA_WRAP) != 0
-        if VEC:  # (as in _text_row)
-            if (flags & _F_MEDIA_TILED) != 0:
-                c0 = tl.multiple_of(col0 % width, 8)
-            else:
-                c0 = col0
-            mcols = c0.to(tl.int32) + offs
-        else:
             if wrap:
                 c0 = col0 * 0
-                mcols = ((col0 + offs) % width).to(tl.int32)
+                cols = ((col0 + offs) % width).to(tl.int32)
+            elif tiled:
+                c0 = col0 % width
+                cols = c0.to(tl.int32) + offs
             else:
-                c0 = col0 % width if (flags & _F_MEDIA_TILED) != 0 else col0
-                mcols = c0.to(tl.int32) + offs
-        m = tl.zeros(offs.shape, tl.float32)
+                c0 = col0
+                cols = c0.to(tl.int32) + offs
+        return c0, cols
+
+    @triton.jit
+    def _text_row(table, rel, stride, width, code, col0, offs, keep, flags, scale, OUT: tl.constexpr,
+                  VEC: tl.constexpr, SOFT: tl.constexpr):
+        """Slab columns ``col0 + offs`` of table row ``rel`` (times ``scale`` in fp32 when ``F_SCALE``; +0.0
+        wherever nothing was read, whatever the scale's sign)."""
+        start = rel * stride
+        _, cols = _source_cols(col0, offs, width, (flags & _F_TEXT_TILED) != 0, (flags & _F_TEXT_WRAP) != 0, VEC)
+        read = keep & (cols < width)
+        if (flags & _F_SCALE) != 0:
+            t = _load_rows(table, start, cols, read, code, tl.float32, VEC, SOFT)
+            t = cast_to(tl.where(read, t * scale, 0.0), OUT, SOFT)
+        else:
+            t = _load_rows(table, start, cols, read, code, OUT, VEC, SOFT)
+        return t
+
+    @triton.jit
+    def _media_row(fields, nblocks, row, width, code, col0, offs, on, col_ok, flags, OUT: tl.constexpr,
+                   VEC: tl.constexpr, SOFT: tl.constexpr):
+        """Slab columns ``col0 + offs`` of one media row (read only when ``on``): row ``row`` of each column
+        block of its item (``fields``: the item's ``(address, row stride, first column, end column)`` per
+        block, read whatever ``on``: they lie in the parameter block)."""
+        wrap = (flags & _F_MEDIA_WRAP) != 0
+        c0, cols = _source_cols(col0, offs, width, (flags & _F_MEDIA_TILED) != 0, wrap, VEC)
+        m = tl.zeros(offs.shape, OUT)
         j = 0
         while j < nblocks:  # a while loop: the interpreter cannot range() over a runtime int
-            lo = tl.load(fields + 4 * j + 2, mask=on, other=0)
-            hi = tl.load(fields + 4 * j + 3, mask=on, other=0)
+            addr = tl.load(fields + 4 * j)
+            stride = tl.load(fields + 4 * j + 1)
+            lo = tl.load(fields + 4 * j + 2)
+            hi = tl.load(fields + 4 * j + 3)
             if VEC:
-                lo, hi = tl.multiple_of(lo, 8), tl.multiple_of(hi, 8)
-            if ((lo < c0 + offs.shape[0]) & (hi > c0)) | wrap:  # a block the piece misses costs two loads
-                stride = tl.load(fields + 4 * j + 1, mask=on, other=0)
-                if VEC:
-                    stride = tl.multiple_of(stride, 8)
-                read = on & col_ok & (mcols >= lo) & (mcols < hi)
-                x = _load_f32(tl.load(fields + 4 * j, mask=on, other=0), row * stride - lo, mcols, read, code, VEC,
-                              SOFT)
-                m = tl.where(read, x, m)
+                stride, lo, hi = tl.multiple_of(stride, 8), tl.multiple_of(lo, 8), tl.multiple_of(hi, 8)
+            if on & (((lo < c0 + offs.shape[0]) & (hi > c0)) | wrap):  # a block the piece misses: 4 loads
+                read = on & col_ok & (cols >= lo) & (cols < hi)
+                m = tl.where(read, _load_rows(addr, row * stride - lo, cols, read, code, OUT, VEC, SOFT), m)
             j += 1
         return m
 
@@ -208,43 +201,47 @@ if triton is not None:
             row = pid.to(tl.int64) * _TOK_BLOCK
             col0 = tl.zeros((), tl.int64)
         if EMBED:
+            OUT: tl.constexpr = slab_ptr.dtype.element_ty
+            # every header word the embeddings need, loaded before any branch: one round trip to the cache
             flags = tl.load(params_ptr + _H_FLAGS)
+            ids, ids_code = tl.load(params_ptr + _H_IDS), tl.load(params_ptr + _H_IDS_DT)
+            index, index_code = tl.load(params_ptr + _H_INDEX), tl.load(params_ptr + _H_INDEX_DT)
+            vocab_start, vocab_end = tl.load(params_ptr + _H_VS), tl.load(params_ptr + _H_VE)
+            vocab_size, scale_bits = tl.load(params_ptr + _H_VZ), tl.load(params_ptr + _H_SCALE)
+            table, tstride = tl.load(params_ptr + _H_TABLE), tl.load(params_ptr + _H_TSTRIDE)
+            twidth, tcode = tl.load(params_ptr + _H_TWIDTH), tl.load(params_ptr + _H_TDTYPE)
+            num_media, num_items = tl.load(params_ptr + _H_NUM_MEDIA), tl.load(params_ptr + _H_NUM_ITEMS)
+            nblocks, mcode = tl.load(params_ptr + _H_ITEM_BLOCKS), tl.load(params_ptr + _H_MDTYPE)
+            mwidth, items = tl.load(params_ptr + _H_MWIDTH), params_ptr + tl.load(params_ptr + _H_ITEMS)
+            scale = scale_bits.to(tl.int32).to(tl.float32, bitcast=True)
+
             offs = tl.arange(0, BLOCK)
             cols = col0 + offs
             col_ok = cols < WIDTH
             live = row < n  # rows in [n, pad_to) are padding: zeros, nothing read
-
-            tok = _ints(tl.load(params_ptr + _H_IDS), tl.load(params_ptr + _H_IDS_DT), row, live, 0)
-            index_code = tl.load(params_ptr + _H_INDEX_DT)  # 0: the batch has no media_index
-            mi = _ints(tl.load(params_ptr + _H_INDEX), index_code, row, live & (index_code != 0), -1)
-            vocab_size = tl.load(params_ptr + _H_VZ)
-            num_media = tl.load(params_ptr + _H_NUM_MEDIA)
+            tok = _ints(ids, ids_code, row, live, 0)
+            mi = _ints(index, index_code, row, live & (index_code != 0), -1)  # code 0: the batch has no index
             is_media = live & (mi >= 0)
             is_text = live & (mi < 0)
             bad_id = is_text & ((tok < 0) | (tok >= vocab_size))
             bad_media = is_media & (mi >= num_media)
-            read_text = is_text & (tok >= tl.load(params_ptr + _H_VS)) & (tok < tl.load(params_ptr + _H_VE)) \
-                & (tok < vocab_size)
+            read_text = is_text & (tok >= vocab_start) & (tok < vocab_end) & (tok < vocab_size)
 
             flag = (bad_id | bad_media) & (col0 == 0)  # one report per row
             tl.atomic_or(errors_ptr, tl.where(bad_id, _BAD_ID, _BAD_MEDIA), mask=flag)
             tl.atomic_add(errors_ptr + 1, 1, mask=flag)
             tl.atomic_min(errors_ptr + 2, row.to(tl.int32), mask=flag)
 
+            rel = tok - vocab_start
             if (flags & _F_TEXT_VEC) != 0:
-                t = _text_row(params_ptr, tok, col0, offs, read_text & col_ok, flags, True, _SOFT)
+                val = _text_row(table, rel, tl.multiple_of(tstride, 8), tl.multiple_of(twidth, 8), tcode, col0,
+                                offs, read_text & col_ok, flags, scale, OUT, True, _SOFT)
             else:
-                t = _text_row(params_ptr, tok, col0, offs, read_text & col_ok, flags, False, _SOFT)
-            if (flags & _F_SCALE) != 0:
-                # +0.0 wherever nothing was read, whatever the scale's sign (0 * -s is -0.0)
-                scale = tl.load(params_ptr + _H_SCALE).to(tl.int32).to(tl.float32, bitcast=True)
-                t = tl.where(read_text, t * scale, 0.0)
-            val = cast_to(t, slab_ptr.dtype.element_ty, _SOFT)
+                val = _text_row(table, rel, tstride, twidth, tcode, col0, offs, read_text & col_ok, flags, scale,
+                                OUT, False, _SOFT)
 
             if (flags & _F_MEDIA) != 0:
                 read_media = is_media & (mi < num_media)
-                items = params_ptr + tl.load(params_ptr + _H_ITEMS)
-                num_items = tl.load(params_ptr + _H_NUM_ITEMS)
                 # the media row's item: how many items start at or before it, minus one
                 item = tl.zeros((), tl.int64)
                 if num_items > 1:
@@ -256,18 +253,17 @@ if triton is not None:
                         item += tl.sum((starts <= mi).to(tl.int64), axis=0)
                         c += _ITEM_CHUNK
                     item = tl.maximum(item, 0)
-                in_item = mi - tl.load(items + item, mask=read_media, other=0)
-                nblocks = tl.load(params_ptr + _H_ITEM_BLOCKS)
+                in_item = mi - tl.load(items + item)
                 fields = items + num_items + item * (nblocks * 4)
                 if (flags & _F_MEDIA_VEC) != 0:
-                    m = _media_row(params_ptr, fields, nblocks, in_item, col0, offs, read_media, col_ok, flags,
-                                   True, _SOFT)
+                    m = _media_row(fields, nblocks, in_item, tl.multiple_of(mwidth, 8), mcode, col0, offs,
+                                   read_media, col_ok, flags, OUT, True, _SOFT)
                 else:
-                    m = _media_row(params_ptr, fields, nblocks, in_item, col0, offs, read_media, col_ok, flags,
-                                   False, _SOFT)
-                val = tl.where(is_media, cast_to(m, slab_ptr.dtype.element_ty, _SOFT), val)
+                    m = _media_row(fields, nblocks, in_item, mwidth, mcode, col0, offs, read_media, col_ok, flags,
+                                   OUT, False, _SOFT)
+                val = tl.where(is_media, m, val)
             else:  # no media, or another rank owns it: media rows are zeros
-                val = tl.where(is_media, 0.0, val).to(slab_ptr.dtype.element_ty)
+                val = tl.where(is_media, 0.0, val).to(OUT)
             tl.store(slab_ptr + row * WIDTH + cols, val, mask=col_ok & (row < pad_to))
 
         if NUM_SLOTS > 0:

@@ -110,6 +110,20 @@ class Destinations:
             raise ValueError(overlap_message(src_name, self._names[i]))
 
 
+    def clear_of_all(self, lows, highs, spans) -> None:
+        """:meth:`clear_of` for every ``[lows[k], highs[k])``; ``spans()`` yields ``(name, start, end)`` of the
+        same spans, for the error's name (only looked at when one overlaps)."""
+        starts, ends, lo, hi = self._starts, self._ends, self.lo, self.hi
+        last = len(starts)
+        for a, b in zip(lows, highs):
+            if b <= lo or a >= hi or a == b:
+                continue
+            i = bisect_right(starts, a)
+            if (i and ends[i - 1] > a) or (i < last and starts[i] < b):
+                for name, start, end in spans():
+                    self.clear_of(name, start, end)
+
+
 def _touch(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.device != b.device or not a.numel() or not b.numel():
         return False
@@ -241,8 +255,7 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         bounds = _vocab_bounds(vocab_range, vocab_size, rows)
     dst.clear_of("table", tread[6], tread[6] + ((rows - 1) * tread[5][0] + tw) * _ELEM[tread[1]] if rows else 0)
     if plan is not None and plan.lows and min(plan.lows) < dst.hi and max(plan.highs) > dst.lo:
-        for name, lo, hi in plan.spans():
-            dst.clear_of(name, lo, hi)
+        dst.clear_of_all(plan.lows, plan.highs, plan.spans)
     return Checked(n, b, pad_to, ids, sources, reads, table, bounds, scale, plan, index, expand, owner,
                    (reads[0], iread, tread))
 

@@ -1,8 +1,8 @@
 """A representative multimodal prefill workload to look at in Nsight Systems (or torch.profiler).
 
-    nsys profile -t cuda,nvtx -o slabstage python bench/profile.py
-    nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi python bench/profile.py   # steady state only
-    python bench/profile.py --torch-profiler trace.json   # Chrome trace (chrome://tracing, Perfetto)
+    nsys profile -t cuda,nvtx -o slabstage python bench/nvtx_workload.py
+    nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi python bench/nvtx_workload.py   # steady state only
+    python bench/nvtx_workload.py --torch-profiler trace.json   # Chrome trace (chrome://tracing, Perfetto)
 
 It allocates :class:`slabstage.StagingBuffers`, builds a small model that reads
 ``views["input_embeds"]`` (:class:`slabstage.models.ToyMultimodalModel` when it
@@ -28,9 +28,8 @@ import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
-    # Run as a script, bench/ heads sys.path and this file would shadow the standard
-    # library's `profile`, which cProfile (imported by torch._dynamo) imports: put the
-    # repository root there instead.
+    # Run as a script, bench/ heads sys.path: put the checkout there, so its slabstage
+    # is found installed or not.
     sys.path[0] = os.path.dirname(_HERE)
 
 import argparse  # noqa: E402
