@@ -22,7 +22,7 @@ from .checks import check_bool, check_choice, check_int, check_real, check_tenso
 from .kernels.errors import check_error_word, default_error_word
 from .kernels.launch import Inputs, Stager
 from .kernels.stage_embeddings import stage_embeddings
-from .kernels.validate import Destinations
+from .kernels.validate import Destinations, vocab_bounds
 from .staging.buffers import StagingBuffers
 from .staging.slots import SLOTS, SOURCE_SLOTS
 
@@ -99,17 +99,10 @@ def stage_embeddings_op(slab, input_ids, table, *, media=None, media_index=None,
     if text_scale is not None:
         check_real("text_scale", text_scale)
     check_bool("media_owner", media_owner)
-    start, end = (0, table.shape[0]) if vocab_range is None else _pair(vocab_range)
-    size = end if vocab_size is None else check_int("vocab_size", vocab_size)
+    start, end, size = vocab_bounds(vocab_range, vocab_size, table.shape[0])
     torch.ops.slabstage.stage_embeddings(slab, input_ids, table, media, media_index, errors, pad_to, expand,
                                          text_scale, start, end, size, media_owner)
     return slab
-
-
-def _pair(vocab_range) -> tuple[int, int]:
-    if not isinstance(vocab_range, (tuple, list)) or len(vocab_range) != 2:
-        raise TypeError(f"vocab_range must be a (start, end) pair of ints, got {vocab_range!r}")
-    return check_int("vocab_range start", vocab_range[0]), check_int("vocab_range end", vocab_range[1])
 
 
 def stage_token_inputs_op(buffers: StagingBuffers, *, pad_to: int, **sources) -> None:

@@ -24,9 +24,6 @@ import torch
 __all__ = ["as_prompt_ids", "check_grid", "check_chunk", "check_items", "check_mrope", "check_placeholders",
            "check_pixels", "check_seconds", "grid_rows"]
 
-# media_items marks the first block of each item it returns with (modality, (t, h, w)), so that
-# pack_requests can tell a video item from an image item of the same rows (the rows alone cannot)
-
 
 def _is_integer(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)

@@ -20,12 +20,13 @@ from ctypes import c_char, memmove
 import numpy as np
 import torch
 
+from ..staging.registry import slot_signature
 from ..staging.slots import REQUESTS, SLOTS, SOURCE_SLOTS
 from .params import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED,
                      F_TEXT_VEC, F_TEXT_WRAP, FLOAT_CODE, H_FLAGS, H_ITEMS, H_NUM_MEDIA, H_STEP, H_TABLE,
                      H_VOCAB_START, HEADER_WORDS, INT_CODE, SOURCE_WORDS, PinnedRing)
 from .reference import stage_reference
-from .runtime import INTERPRETER_LOCK, next_pow2, row_launch_config, use_triton
+from .runtime import launch_lock, next_pow2, row_launch_config, use_triton
 from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, stage_kernel
 from .validate import Checked, Destinations, check_batch
 
@@ -42,8 +43,7 @@ def _layout(slab, errors):
     """What a slab's and an error word's checks depend on, or None for anything but two tensors."""
     if type(slab) is not torch.Tensor or type(errors) is not torch.Tensor:
         return None
-    return (slab.data_ptr(), slab.shape, slab.stride(), slab.dtype, slab.device, errors.data_ptr(), errors.shape,
-            errors.stride(), errors.dtype, errors.device)
+    return slot_signature(slab), slot_signature(errors)
 
 
 def _f32_bits(x: float) -> int:
@@ -73,10 +73,10 @@ class Stager:
                                BLOCK=self.block, COL_BLOCKS=self.cols, NUM_SLOTS=self.num_slots,
                                REQ_BLOCK=next_pow2(req))
         self._items_at = HEADER_WORDS + (SOURCE_WORDS + DEST_WORDS) * self.num_slots
-        self.host = dst.host_ok and device.type == "cuda"  # host integer inputs travel in the block
+        # words of host integer inputs in a block (dst.host: they travel in it): per token, and fixed
         self._host_per_token = sum(spec.rows for spec, t in zip(SOURCE_SLOTS, dst.slots) if t is not None
-                                   and spec.kind != REQUESTS) + 1  # (+1: media_index)
-        self._host_fixed = 2 * len(SLOTS) + 2 * dst.batch_cap  # per-request sources, 16-byte alignment
+                                   and spec.kind != REQUESTS) + 1 if dst.host else 0  # (+1: media_index)
+        self._host_fixed = 2 * len(SLOTS) + 2 * dst.batch_cap if dst.host else 0  # requests, 16-byte alignment
         words = self.words_for(dst.capacity)
         self.ring = PinnedRing(8 * words, pinned=device.type == "cuda", k=8 if device.type == "cuda" else 1)
         with torch.inference_mode(False):  # normal tensors, usable in and outside inference mode
@@ -97,8 +97,7 @@ class Stager:
 
     def words_for(self, tokens: int) -> int:
         """The most words a block of a batch of ``tokens`` tokens takes."""
-        host = self._host_per_token * tokens + self._host_fixed if self.host else 0
-        return self._items_at + MAX_ITEM_WORDS + host
+        return self._items_at + MAX_ITEM_WORDS + self._host_per_token * tokens + self._host_fixed
 
     # -- a batch ------------------------------------------------------------------------------
     def prepare(self, src, pad_to, *, own_block: bool = False) -> Checked:
@@ -145,11 +144,6 @@ class Stager:
         """A graph made by :meth:`record` staged the last prepared block."""
         self.ring.commit(self._pending[0])
 
-    def stage(self, src, pad_to) -> Checked:
-        c = self.prepare(src, pad_to)
-        self.launch(c, c.pad_to)
-        return c
-
     def _grid(self, pad_to: int) -> int:
         grid = pad_to * self.cols if self.dst.slab is not None else -(-pad_to // TOK_BLOCK)
         return max(grid, 1) if self.num_slots else grid  # program 0 writes the token count, the requests
@@ -157,18 +151,12 @@ class Stager:
     def _kernel(self, grid: int, params: torch.Tensor, pad_to: int) -> None:
         dst = self.dst
         slab = dst.slab if dst.slab is not None else dst.errors
-        if dst.device.type == "cpu":
-            with INTERPRETER_LOCK:
-                stage_kernel[(grid,)](params, dst.errors, slab, pad_to, **self.constexprs, num_warps=self.num_warps)
-        else:
+        with launch_lock(dst.device):
             stage_kernel[(grid,)](params, dst.errors, slab, pad_to, **self.constexprs, num_warps=self.num_warps)
 
     def _fetch(self, grid: int) -> None:
         args = (self.ring.tensor, self.counter, self.params, self.ring.slot_words, self.ring.k)
-        if self.dst.device.type == "cpu":
-            with INTERPRETER_LOCK:
-                fetch_kernel[(grid,)](*args, CHUNK=FETCH_CHUNK, num_warps=4)
-        else:
+        with launch_lock(self.dst.device):
             fetch_kernel[(grid,)](*args, CHUNK=FETCH_CHUNK, num_warps=4)
 
     # -- destinations --------------------------------------------------------------------------
@@ -266,7 +254,7 @@ class Stager:
         values = [0] * (HEADER_WORDS + SOURCE_WORDS * ns)
         end = 8 * (self._items_at + item_words)  # bytes: host inputs follow the item table
         parts = []  # (byte offset in the block, address, bytes per row, rows, row stride in bytes)
-        host = self.host
+        host = self.dst.host
         for s, t in enumerate(c.sources if ns else ()):  # (SOURCE_SLOTS come first in SLOTS)
             if t is not None:
                 w = HEADER_WORDS + SOURCE_WORDS * s
@@ -313,10 +301,10 @@ class Stager:
         if self.num_slots:  # the embeddings read the ids where the integer half reads them
             ids_addr = values[HEADER_WORDS]
         else:
-            ids_addr, _, end = _place(c.ids_read, self.host, parts, base, end)
+            ids_addr, _, end = _place(c.ids_read, self.dst.host, parts, base, end)
         index_addr = 0
         if c.index is not None:
-            index_addr, _, end = _place(c.index_read, self.host, parts, base, end)
+            index_addr, _, end = _place(c.index_read, self.dst.host, parts, base, end)
         values[H_VOCAB_START:H_FLAGS] = (*c.bounds, _f32_bits(c.scale) if c.scale is not None else 0)
         values[H_TABLE:H_NUM_MEDIA] = (tptr, s0, tw, FLOAT_CODE[tdtype], ids_addr, INT_CODE[c.ids_read[1]],
                                        index_addr, INT_CODE[c.index_read[1]] if c.index is not None else 0)
@@ -359,4 +347,5 @@ class Inputs:
 def stage_batch(buffers, *, pad_to, **inputs) -> None:
     """A whole batch (integer slots and embeddings, ``PrefillBatch``'s fields as keywords) into ``buffers`` in one
     launch: what the runner stages, outside it (for tests and tools)."""
-    Stager.for_buffers(buffers, embed=True).stage(Inputs(**inputs), pad_to)
+    st = Stager.for_buffers(buffers, embed=True)
+    st.stage_into(st.dst, Inputs(**inputs), pad_to)

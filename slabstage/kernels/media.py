@@ -21,7 +21,6 @@ from .params import FLOAT_BYTES
 __all__ = ["MediaPlan", "describe_media"]
 
 _data_ptr, _stride, _size = torch.Tensor.data_ptr, torch.Tensor.stride, torch.Tensor.size
-_get_device = torch.Tensor.get_device
 
 
 class MediaPlan:
@@ -120,11 +119,6 @@ def _plan(items: tuple, blocks: list, device: torch.device, slab_width: int, tex
     if dev is None:
         dev = torch.cuda.current_device()
     k = max(map(len, items))
-    if k == 1:  # every item one tensor: the same plan, built a list at a time
-        plan = _plan_tensors(items, blocks, shapes, strides, ptrs, dtype, elem, dev)
-        if plan is None:
-            explain()
-        return plan
     wide = slab_width > text_width
     on_cuda = device.type == "cuda"
     starts, fields, lows, highs = [], [], [], []
@@ -162,44 +156,6 @@ def _plan(items: tuple, blocks: list, device: torch.device, slab_width: int, tex
         rows += item_rows
     vec = not (align & 15) and not ((ealign | width) & 7)  # (8 elements: 16 bytes at 2 bytes an element)
     return MediaPlan(items, rows, width, dtype, starts, fields, k, vec, lows, highs)
-
-
-def _plan_tensors(items, blocks, shapes, strides, ptrs, dtype, elem, dev) -> MediaPlan | None:
-    """:func:`_plan` for items of one tensor each, or None when one breaks a rule (the caller explains)."""
-    width = shapes[0][1]
-    if any(w != width for _, w in shapes):
-        return None
-    if width > 1 and any(s1 != 1 for (r, _), (_, s1) in zip(shapes, strides) if r):
-        return None
-    if (dev < 0 or set(map(_get_device, blocks)) != {dev}) and \
-            not all(_readable(t, dev) for t, (r, _) in zip(blocks, shapes) if r):
-        return None
-    starts, rows = [], 0
-    for r, _ in shapes:
-        starts.append(rows)
-        rows += r
-    fields, lows, highs = [], [], []
-    align, ealign = 0, width
-    for (r, _), (s0, _), ptr in zip(shapes, strides, ptrs):
-        if r:
-            fields += (ptr, s0, 0, width)
-            align |= ptr
-            if r > 1:
-                ealign |= s0
-            lows.append(ptr)
-            highs.append(ptr + ((r - 1) * s0 + width) * elem)
-        else:
-            fields += (0, s0, 0, width)
-    vec = not (align & 15) and not (ealign & 7)
-    return MediaPlan(items, rows, width, dtype, starts, fields, 1, vec, lows, highs)
-
-
-def _readable(t: torch.Tensor, dev: int) -> bool:
-    """Whether the kernel on device ``dev`` (-1: the CPU) can read ``t`` where it is (a pinned host tensor
-    from a CUDA device: through its mapped address)."""
-    if t.get_device() == dev:
-        return dev >= 0 or t.is_cpu  # (-1 is meta too: ask is_cpu)
-    return dev >= 0 and t.is_cpu and t.is_pinned()
 
 
 def _explain(items: tuple, device: torch.device, slab_width: int, text_width: int):

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..checks import INT32_MAX, check_int, is_int
-from .runtime import INTERPRETER_LOCK, tl, triton, use_triton
+from .runtime import launch_lock, tl, triton, use_triton
 from .errors import MEDIA_COUNT_MISMATCH, check_error_word, default_error_word
 from .reference import media_index_from_mask_reference
 
@@ -162,9 +162,6 @@ def media_index_from_mask(is_media: torch.Tensor, num_media_rows: int, *, src_st
     launch = _media_index_from_counts_kernel[(triton.cdiv(n, block),)]
     args = dict(mask_ptr=is_media, counts_ptr=counts, index_ptr=index, errors_ptr=errors, n=n,
                 num_media=num_media_rows, src_start=src_start, BLOCK=block, MISMATCH=MEDIA_COUNT_MISMATCH)
-    if is_media.device.type == "cpu":  # the interpreter's launches share module state: one at a time
-        with INTERPRETER_LOCK:
-            launch(**args)
-    else:
+    with launch_lock(is_media.device):  # the interpreter's launches share module state: one at a time
         launch(**args)
     return index

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..staging.buffers import NO_ROW
 from ..staging.slots import COUNT, REQUESTS, SLOTS
-from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH
+from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, writing_word
 
 __all__ = ["stage_reference", "stage_embeddings_reference", "media_index_from_mask_reference"]
 
@@ -118,7 +118,7 @@ def media_index_from_mask_reference(is_media: torch.Tensor, num_media_rows: int,
     counts = torch.cumsum(is_media.to(torch.int32), 0, dtype=torch.int32)
     index = torch.where(is_media, counts + (src_start - 1), torch.full_like(counts, -1))
     total = counts[-1] if counts.numel() else torch.zeros((), dtype=torch.int32, device=is_media.device)
-    with torch.inference_mode(errors.is_inference()):  # as errors.writing_word: a caller's inference word works
+    with writing_word(errors):  # a caller's inference-mode word works too
         errors[0] = errors[0] | ((total != num_media_rows).to(torch.int32) * MEDIA_COUNT_MISMATCH)
         errors[3] = total
     return index

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -28,6 +29,12 @@ SOFT_CASTS = INTERPRET
 # The interpreter keeps per-launch state in module globals: two Python threads launching at once
 # corrupt each other's launch. Every interpreter launch holds this lock.
 INTERPRETER_LOCK = threading.Lock()
+_NO_LOCK = contextlib.nullcontext()
+
+
+def launch_lock(device: torch.device):
+    """What a launch on ``device`` holds: the interpreter's lock on the CPU, nothing on a GPU."""
+    return INTERPRETER_LOCK if device.type == "cpu" else _NO_LOCK
 
 if HAS_TRITON:
 

@@ -252,7 +252,7 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     if vocab_range is None and vocab_size is None and rows <= INT32_MAX:
         bounds = (0, rows, rows)
     else:
-        bounds = _vocab_bounds(vocab_range, vocab_size, rows)
+        bounds = vocab_bounds(vocab_range, vocab_size, rows)
     dst.clear_of("table", tread[6], tread[6] + ((rows - 1) * tread[5][0] + tw) * _ELEM[tread[1]] if rows else 0)
     if plan is not None and plan.lows and min(plan.lows) < dst.hi and max(plan.highs) > dst.lo:
         dst.clear_of_all(plan.lows, plan.highs, plan.spans)
@@ -360,7 +360,7 @@ def _check_values(name: str, t: torch.Tensor, slot_dtype: torch.dtype) -> None:
         raise ValueError(f"{name} holds {vmin if vmin < lo else vmax}, which its {slot_dtype} slot cannot hold")
 
 
-def _vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, int]:
+def vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, int]:
     """``(vocab_start, vocab_end, vocab_size)`` checked against a table of ``table_rows`` rows."""
     if table_rows > INT32_MAX:
         raise ValueError(f"the table has {table_rows} rows; at most {INT32_MAX} are supported")

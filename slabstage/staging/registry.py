@@ -49,7 +49,8 @@ class RegistrySignature(dict):
 _ptr, _size, _stride, _dtype = torch.Tensor.data_ptr, torch.Tensor.size, torch.Tensor.stride, attrgetter("dtype")
 
 
-def _signature(t: torch.Tensor) -> SlotSignature:
+def slot_signature(t: torch.Tensor) -> SlotSignature:
+    """What a slot's checks depend on: address, shape, strides, dtype, device."""
     return SlotSignature(t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
@@ -171,7 +172,7 @@ class BufferRegistry:
 
     def signature(self) -> RegistrySignature:
         """Per slot: data_ptr, shape, stride, dtype and device, as they are now."""
-        sig = RegistrySignature((name, _signature(s.tensor)) for name, s in self._slots.items())
+        sig = RegistrySignature((name, slot_signature(s.tensor)) for name, s in self._slots.items())
         tensors = [s.tensor for s in self._slots.values()]
         # what matches() compares, one C-level pass per field
         sig.fast = (tensors, list(map(_ptr, tensors)), list(map(_size, tensors)), list(map(_stride, tensors)),
