@@ -29,7 +29,9 @@ import time
 
 import torch
 
-sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout's slabstage
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path[:1]:
+    sys.path.insert(0, _ROOT)  # the checkout's slabstage (also when bench_new_inputs.py imports this)
 
 import slabstage as ss  # noqa: E402
 from slabstage.bench import sleep_cycles_per_us, synced_us  # noqa: E402
@@ -211,25 +213,39 @@ def _back_to_back(n: int, width: int, steps: int) -> dict:
     return dict(ours_us=ours, lightllm_us=peer, ratio=ours / peer)
 
 
-def qwen3_vl_like(out, steps):
-    """4096 tokens, 2320 media rows in 4 images, k = 3 DeepStack levels, hidden 2048: new items each step."""
+def engine_style_merge(slab, ids, table, dmask, items):
+    """What an engine does today with DeepStack items: the embedding, a masked scatter of each block's rows
+    (concatenated across items), each copied into its columns of ``slab``."""
+    n, h = ids.shape[0], table.shape[1]
+    emb = torch.nn.functional.embedding(ids, table)
+    emb.masked_scatter_(dmask[:, None], torch.cat([i[0] for i in items]))
+    slab[:, :h].copy_(emb)
+    for j in range(1, len(items[0])):
+        level = torch.zeros(n, h, dtype=slab.dtype, device=slab.device)
+        level.masked_scatter_(dmask[:, None], torch.cat([i[j] for i in items]))
+        slab[:, h * j:h * (j + 1)].copy_(level)
+
+
+def qwen3_vl_batch():
+    """4096 tokens, 2320 media rows in 4 images of 580, k = 3 DeepStack levels, hidden 2048: ``(table, slab, ids,
+    index, dmask, sizes, h, k)``."""
     n, h, k = 4096, 2048, 3
     table = torch.randn(32000, h, dtype=BF16, device=DEV)
     slab = torch.empty(n, h * (1 + k), dtype=BF16, device=DEV)
     sizes = [580] * 4
     ids = torch.randint(0, 32000, (n,), device=DEV)
+    starts = [16 + i * 980 for i in range(4)]
     mask = torch.zeros(n, dtype=torch.bool)
-    at = 16
-    for s in sizes:
-        mask[at:at + s] = True
-        at += s + 400
-    spans = []
-    row = 0
-    for start in (16 + i * 980 for i in range(4)):
-        spans.append((start, 580, row))
-        row += 580
+    for start, size in zip(starts, sizes):
+        mask[start:start + size] = True
+    spans = [(start, size, sum(sizes[:i])) for i, (start, size) in enumerate(zip(starts, sizes))]
     index = ss.media_index_from_spans(spans, n, device=DEV)
-    dmask = mask.to(DEV)
+    return table, slab, ids, index, mask.to(DEV), sizes, h, k
+
+
+def qwen3_vl_like(out, steps):
+    """The Qwen3-VL-like batch (:func:`qwen3_vl_batch`), new items each step."""
+    table, slab, ids, index, dmask, sizes, h, k = qwen3_vl_batch()
     errors = ss.new_error_word(DEV)
     items = [[tuple(torch.randn(s, h, dtype=BF16, device=DEV) for _ in range(1 + k)) for s in sizes]
              for _ in range(steps + 3)]
@@ -237,14 +253,8 @@ def qwen3_vl_like(out, steps):
     def ours(it):
         ss.stage_embeddings(slab, ids, table, media=it, media_index=index, errors=errors)
 
-    def engine(it):  # what an engine does today: embedding, the merge per block, copies into the buffer
-        emb = torch.nn.functional.embedding(ids, table)
-        emb.masked_scatter_(dmask[:, None], torch.cat([i[0] for i in it]))
-        slab[:, :h].copy_(emb)
-        for j in range(1, 1 + k):
-            level = torch.zeros(n, h, dtype=BF16, device=DEV)
-            level.masked_scatter_(dmask[:, None], torch.cat([i[j] for i in it]))
-            slab[:, h * j:h * (j + 1)].copy_(level)
+    def engine(it):
+        engine_style_merge(slab, ids, table, dmask, it)
 
     r = dict(ours_us=device_us([lambda m=m: ours(m) for m in items], steps),
              engine_us=device_us([lambda m=m: engine(m) for m in items], steps),
@@ -262,13 +272,15 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "staging_figures.json"))
+    cases = dict(large=large_cases, items=items_cases, op=op_back_to_back, qwen3_vl=qwen3_vl_like)
+    p.add_argument("--cases", default=",".join(cases), help="comma-separated, of: " + ", ".join(cases))
     args = p.parse_args()
     steps = 10 if args.quick else 40
     out = dict(machine=dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                             triton=__import__("triton").__version__, python=platform.python_version(),
                             date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
-    for case in (large_cases, items_cases, op_back_to_back, qwen3_vl_like):
-        case(out, steps)
+    for name in args.cases.split(","):
+        cases[name](out, steps)
         torch.cuda.empty_cache()
     json.dump(out, open(args.out, "w"), indent=1)
     return 0

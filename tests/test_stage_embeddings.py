@@ -198,7 +198,8 @@ WIDTH_CASES = [  # (slab width W, table width, media width, expand)
     pytest.param(96, 48, 96, "repeat", id="repeat-text-only-48"),
     pytest.param(100, 37, 37, "zeros", id="zeros-both-narrow"),
     pytest.param(100, 37, 100, "zeros", id="zeros-text-only"),
-    pytest.param(4097, 1000, 4097, "zeros", id="zeros-4097"),
+    pytest.param(4097, 1000, 4097, "zeros", id="zeros-4097"),  # unpromised loads, PIECE columns at a time
+    pytest.param(3000, 1000, 1000, "repeat", id="repeat-wraps-3000"),  # a wrapping piece, in pieces
     pytest.param(15, 5, 15, "repeat", id="repeat-odd-5"),
     pytest.param(7, 1, 1, "repeat", id="repeat-1"),
 ]

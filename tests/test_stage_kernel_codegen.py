@@ -31,3 +31,11 @@ def test_text_and_media_rows_read_with_16_byte_loads(counts):
     for c in counts:
         # every fp16, bf16 and fp32 row of the table and of the media, in the instance that promises alignment
         assert c["loads_v4"] == c["expected_v4"], c
+
+
+def test_registers_leave_room_for_five_programs_an_sm(counts):
+    # a thread's registers hold its loads in flight: an arm of one-element loads over a whole row piece took 218
+    # (2 programs of 4 warps an SM, half the copy ceiling on an H200); 96 or fewer keep 5 programs an SM
+    for c in counts:
+        if c["registers"] is not None:
+            assert c["registers"] <= 96, c

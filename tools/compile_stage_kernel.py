@@ -1,4 +1,4 @@
-"""Compile the staging kernel for sm_90 on any machine (no GPU needed) and count its global loads by width.
+"""Compile the staging kernel for sm_90 on any machine (no GPU needed): its global loads by width, its registers.
 
     python tools/compile_stage_kernel.py            # one JSON line per slab configuration
 
@@ -7,7 +7,9 @@ every source through an address from its parameter block, in two instances: one 
 promises 16-byte alignment (taken when the host found it) and one that promises nothing.
 ``loads_v4`` counts the 16-byte loads: the promising instance of the text (scaled or not) and
 the media path must have them (``expected_v4``); if a change loses the promise, they fall back to
-scalar loads and the count drops. tests/test_stage_kernel_codegen.py runs it.
+scalar loads and the count drops. ``registers`` is what ptxas allots a thread: with 4 warps a
+program, an SM holds ``65536 // (128 * registers)`` programs and their loads in flight, so it bounds
+the kernel's bandwidth (see the kernel's docstring). tests/test_stage_kernel_codegen.py runs it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # before the kernel is defined: compile it, do not interpret it
 
@@ -23,8 +28,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from slabstage.kernels.runtime import row_launch_config  # noqa: E402
-from slabstage.kernels.stage_kernel import stage_kernel  # noqa: E402
+from slabstage.kernels.stage_kernel import launch_settings, stage_kernel  # noqa: E402
 from slabstage.staging.slots import SLOTS  # noqa: E402
 
 _ARGS = ("params_ptr", "errors_ptr", "slab_ptr", "pad_to")
@@ -33,9 +37,8 @@ _DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
     """Global load counts of the kernel for a slab of ``width`` columns of ``slab`` dtype."""
-    block, num_warps = row_launch_config(width, _DTYPES[slab])
-    constexprs = dict(EMBED=True, WIDTH=width, BLOCK=block, COL_BLOCKS=-(-width // block),
-                      NUM_SLOTS=len(SLOTS) if slots else 0, REQ_BLOCK=8)
+    constexprs, num_warps = launch_settings(width, _DTYPES[slab], len(SLOTS) if slots else 0, 8)
+    block = constexprs["BLOCK"]
     names = [*_ARGS, *constexprs]
     signature = dict(params_ptr="*i64", errors_ptr="*i32", slab_ptr=f"*{slab}", pad_to="i32",
                      **{k: "constexpr" for k in constexprs})
@@ -47,7 +50,24 @@ def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
     # bf16 and fp32 rows
     expected = 3 * (2 * max(1, per_thread // 8) + max(1, per_thread // 4))
     return dict(width=width, slab=slab, block=block, num_warps=num_warps, loads=len(re.findall(r"ld\.global", ptx)),
-                loads_v4=len(re.findall(r"ld\.global[^\n]*\.v4", ptx)), expected_v4=expected)
+                loads_v4=len(re.findall(r"ld\.global[^\n]*\.v4", ptx)), expected_v4=expected,
+                registers=registers(ptx))
+
+
+def registers(ptx: str) -> int | None:
+    """Registers a thread, as the ptxas in Triton's wheel allots them (``None`` where it cannot run)."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    target = re.search(r"\.target\s+(\S+)", ptx).group(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        try:
+            out = subprocess.run([str(ptxas), f"-arch={target}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                                 capture_output=True, text=True, timeout=120)
+        except OSError:
+            return None
+    found = re.search(r"Used (\d+) registers", out.stderr)
+    return int(found.group(1)) if found else None
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from .params import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WR
                      F_TEXT_VEC, F_TEXT_WRAP, FLOAT_CODE, H_FLAGS, H_ITEMS, H_NUM_MEDIA, H_STEP, H_TABLE,
                      H_VOCAB_START, HEADER_WORDS, INT_CODE, SOURCE_WORDS, PinnedRing)
 from .reference import stage_reference
-from .runtime import launch_lock, next_pow2, row_launch_config, use_triton
-from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, stage_kernel
+from .runtime import launch_lock, next_pow2, use_triton
+from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, launch_settings, stage_kernel
 from .validate import Checked, Destinations, check_batch
 
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch"]
@@ -54,7 +54,7 @@ class Stager:
     """Stages batches into ``dst`` through the one kernel; see the module docstring.
 
     The piece of a slab row one program writes comes from the slab's width and dtype
-    (one helper, :func:`row_launch_config`). Launches of one stager are ordered on the
+    (one helper, :func:`launch_settings`). Launches of one stager are ordered on the
     stream that queues them, as every write of its destinations is.
     """
 
@@ -62,16 +62,12 @@ class Stager:
         device, slab = dst.device, dst.slab
         self.triton = use_triton(device)
         self.num_slots = len(SLOTS) if any(t is not None for t in dst.slots) else 0
-        if slab is not None:
-            self.block, self.num_warps = row_launch_config(slab.shape[1], slab.element_size())
-            self.cols = -(-slab.shape[1] // self.block)
-        else:
-            self.block, self.num_warps, self.cols = 16, 4, 1
         req = max([t.shape[0] for spec, t in zip(SLOTS, dst.slots) if t is not None and spec.kind == REQUESTS],
                   default=1)
-        self.constexprs = dict(EMBED=slab is not None, WIDTH=slab.shape[1] if slab is not None else 1,
-                               BLOCK=self.block, COL_BLOCKS=self.cols, NUM_SLOTS=self.num_slots,
-                               REQ_BLOCK=next_pow2(req))
+        self.constexprs, self.num_warps = launch_settings(None if slab is None else slab.shape[1],
+                                                          None if slab is None else slab.element_size(),
+                                                          self.num_slots, req)
+        self.block, self.cols = self.constexprs["BLOCK"], self.constexprs["COL_BLOCKS"]
         self._items_at = HEADER_WORDS + (SOURCE_WORDS + DEST_WORDS) * self.num_slots
         # words of host integer inputs in a block (dst.host: they travel in it): per token, and fixed
         self._host_per_token = sum(spec.rows for spec, t in zip(SOURCE_SLOTS, dst.slots) if t is not None

@@ -15,10 +15,18 @@ those rows of each integer slot. Without it, one program per ``TOK_BLOCK`` rows.
 Program 0 writes the per-request slots and the token count, and stores the step
 number into the ring's ``done`` word.
 
-Sources of any dtype the host accepts are read through their address with the
-dtype the block names (a uniform branch per program). Where the host found every
-address, row stride and bound in whole 16-byte vectors (``F_TEXT_VEC``,
-``F_MEDIA_VEC``) the loads carry that promise and compile to 16-byte loads.
+A program's row is media, text or zeros (padding, a refused id or media index,
+media another rank owns): one arm runs. Sources of any dtype the host accepts are
+read through their address with the dtype the block names (a uniform branch per
+program). Where the host found every address, row stride and bound in whole 16-byte
+vectors (``F_TEXT_VEC``, ``F_MEDIA_VEC``) the loads carry that promise and compile
+to 16-byte loads; otherwise the arm walks its piece ``PIECE`` columns at a time.
+
+Registers decide the speed: a thread's registers hold its loads in flight, and the
+kernel's registers are those of its largest arm. One-element loads take an address
+each, so an arm that made them over the whole ``BLOCK`` would set every launch's
+occupancy (218 registers a thread at 4096 bf16 columns, 4 warps: 2 programs an SM,
+half the copy ceiling); walking ``PIECE`` columns keeps it near the vector arm's (64-80).
 """
 
 from __future__ import annotations
@@ -30,17 +38,31 @@ from .params import (D_ADDR, D_DTYPE, D_FILL, D_KIND, D_LENGTH, D_PAD, D_ROWS, D
                      H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_N, H_NUM_ITEMS, H_NUM_MEDIA, H_SCALE, H_STEP, H_TABLE,
                      H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_END, H_VOCAB_SIZE, H_VOCAB_START,
                      H_WORDS, HEADER_WORDS, S_ADDR, S_DTYPE, S_STRIDE, SOURCE_WORDS)
-from .runtime import SOFT_CASTS, cast_to, tl, triton
+from .runtime import SOFT_CASTS, Constant, cast_to, next_pow2, row_launch_config, tl, triton
 from ..staging.slots import COUNT, REQUESTS
 
-__all__ = ["stage_kernel", "fetch_kernel", "TOK_BLOCK", "ITEM_CHUNK", "FETCH_CHUNK"]
+__all__ = ["stage_kernel", "fetch_kernel", "launch_settings", "TOK_BLOCK", "ITEM_CHUNK", "FETCH_CHUNK"]
 
 TOK_BLOCK = 128  # integer-slot rows per program
 ITEM_CHUNK = 32  # item starts read per vector load when finding a media row's item
 FETCH_CHUNK = 512  # parameter-block words a fetch program copies (4 KiB)
 
+
+
+def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, req_rows: int) -> tuple[dict, int]:
+    """``(constexprs, num_warps)`` of :func:`stage_kernel` for a slab of ``width`` columns of ``elem_bytes``
+    bytes (``None``: no slab), ``num_slots`` integer slots and a per-request slot of ``req_rows`` rows."""
+    if width is None:
+        block, num_warps, piece = 16, 4, 16
+    else:
+        block, num_warps = row_launch_config(width, elem_bytes)
+        piece = min(block, 32 * num_warps * 8 // elem_bytes)  # unpromised loads: 8 bytes a thread at a time
+    return dict(EMBED=width is not None, WIDTH=width or 1, BLOCK=block, COL_BLOCKS=-(-(width or 1) // block),
+                NUM_SLOTS=num_slots, REQ_BLOCK=next_pow2(req_rows), PIECE=piece), num_warps
+
+
 if triton is not None:
-    _C = tl.constexpr
+    _C = Constant  # (a launch compares each global the kernel reads: cheaply, for these)
     _SOFT = _C(SOFT_CASTS)
     _BAD_ID, _BAD_MEDIA, _RANGE = _C(BAD_TOKEN_ID), _C(BAD_MEDIA_INDEX), _C(VALUE_OUT_OF_RANGE)
     _TOK_BLOCK, _ITEM_CHUNK, _HEADER = _C(TOK_BLOCK), _C(ITEM_CHUNK), _C(HEADER_WORDS)
@@ -187,7 +209,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["pad_to"])
     def stage_kernel(params_ptr, errors_ptr, slab_ptr, pad_to,
                      EMBED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, COL_BLOCKS: tl.constexpr,
-                     NUM_SLOTS: tl.constexpr, REQ_BLOCK: tl.constexpr):
+                     NUM_SLOTS: tl.constexpr, REQ_BLOCK: tl.constexpr, PIECE: tl.constexpr):
         pid = tl.program_id(0)
         n = tl.load(params_ptr + _H_N)
         if pid == 0:  # the step's block has been read: the fetch and the host may move on
@@ -202,18 +224,13 @@ if triton is not None:
             col0 = tl.zeros((), tl.int64)
         if EMBED:
             OUT: tl.constexpr = slab_ptr.dtype.element_ty
-            # every header word the embeddings need, loaded before any branch: one round trip to the cache
-            flags = tl.load(params_ptr + _H_FLAGS)
-            ids, ids_code = tl.load(params_ptr + _H_IDS), tl.load(params_ptr + _H_IDS_DT)
-            index, index_code = tl.load(params_ptr + _H_INDEX), tl.load(params_ptr + _H_INDEX_DT)
+            # the header words that sort the row, loaded before any branch (one round trip to the cache); an
+            # arm loads its own from the lines these brought in, so that only the arm that runs holds them
+            flags = tl.load(params_ptr + _H_FLAGS).to(tl.int32)
+            ids, ids_code = tl.load(params_ptr + _H_IDS), tl.load(params_ptr + _H_IDS_DT).to(tl.int32)
+            index, index_code = tl.load(params_ptr + _H_INDEX), tl.load(params_ptr + _H_INDEX_DT).to(tl.int32)
             vocab_start, vocab_end = tl.load(params_ptr + _H_VS), tl.load(params_ptr + _H_VE)
-            vocab_size, scale_bits = tl.load(params_ptr + _H_VZ), tl.load(params_ptr + _H_SCALE)
-            table, tstride = tl.load(params_ptr + _H_TABLE), tl.load(params_ptr + _H_TSTRIDE)
-            twidth, tcode = tl.load(params_ptr + _H_TWIDTH), tl.load(params_ptr + _H_TDTYPE)
-            num_media, num_items = tl.load(params_ptr + _H_NUM_MEDIA), tl.load(params_ptr + _H_NUM_ITEMS)
-            nblocks, mcode = tl.load(params_ptr + _H_ITEM_BLOCKS), tl.load(params_ptr + _H_MDTYPE)
-            mwidth, items = tl.load(params_ptr + _H_MWIDTH), params_ptr + tl.load(params_ptr + _H_ITEMS)
-            scale = scale_bits.to(tl.int32).to(tl.float32, bitcast=True)
+            vocab_size, num_media = tl.load(params_ptr + _H_VZ), tl.load(params_ptr + _H_NUM_MEDIA)
 
             offs = tl.arange(0, BLOCK)
             cols = col0 + offs
@@ -232,39 +249,58 @@ if triton is not None:
             tl.atomic_add(errors_ptr + 1, 1, mask=flag)
             tl.atomic_min(errors_ptr + 2, row.to(tl.int32), mask=flag)
 
-            rel = tok - vocab_start
-            if (flags & _F_TEXT_VEC) != 0:
-                val = _text_row(table, rel, tl.multiple_of(tstride, 8), tl.multiple_of(twidth, 8), tcode, col0,
-                                offs, read_text & col_ok, flags, scale, OUT, True, _SOFT)
-            else:
-                val = _text_row(table, rel, tstride, twidth, tcode, col0, offs, read_text & col_ok, flags, scale,
-                                OUT, False, _SOFT)
-
-            if (flags & _F_MEDIA) != 0:
-                read_media = is_media & (mi < num_media)
-                # the media row's item: how many items start at or before it, minus one
-                item = tl.zeros((), tl.int64)
-                if num_items > 1:
-                    item -= 1
-                    c = 0
-                    while c < num_items:
-                        k = c + tl.arange(0, _ITEM_CHUNK)
-                        starts = tl.load(items + k, mask=k < num_items, other=2**62)
-                        item += tl.sum((starts <= mi).to(tl.int64), axis=0)
-                        c += _ITEM_CHUNK
-                    item = tl.maximum(item, 0)
-                in_item = mi - tl.load(items + item)
-                fields = items + num_items + item * (nblocks * 4)
-                if (flags & _F_MEDIA_VEC) != 0:
-                    m = _media_row(fields, nblocks, in_item, tl.multiple_of(mwidth, 8), mcode, col0, offs,
-                                   read_media, col_ok, flags, OUT, True, _SOFT)
-                else:
-                    m = _media_row(fields, nblocks, in_item, mwidth, mcode, col0, offs, read_media, col_ok, flags,
-                                   OUT, False, _SOFT)
-                val = tl.where(is_media, m, val)
-            else:  # no media, or another rank owns it: media rows are zeros
-                val = tl.where(is_media, 0.0, val).to(OUT)
-            tl.store(slab_ptr + row * WIDTH + cols, val, mask=col_ok & (row < pad_to))
+            # a row is media, text or zeros, the same for every column: one arm runs, and only its values live.
+            # Unpromised loads are one element wide, an address each: that arm walks the piece PIECE columns
+            # at a time, so it holds no more registers than the vector arm (registers bound the loads in flight).
+            if row < pad_to:  # (not so only for program 0 of a grid of one, pad_to = 0)
+                dst = slab_ptr + row * WIDTH
+                read_media = is_media & (mi < num_media) & ((flags & _F_MEDIA) != 0)  # else a media row is zeros
+                if read_media:
+                    num_items, nblocks = tl.load(params_ptr + _H_NUM_ITEMS), tl.load(params_ptr + _H_ITEM_BLOCKS)
+                    mcode, mwidth = tl.load(params_ptr + _H_MDTYPE).to(tl.int32), tl.load(params_ptr + _H_MWIDTH)
+                    items = params_ptr + tl.load(params_ptr + _H_ITEMS)
+                    # the media row's item: how many items start at or before it, minus one
+                    item = tl.zeros((), tl.int64)
+                    if num_items > 1:
+                        item -= 1
+                        c = 0
+                        while c < num_items:
+                            k = c + tl.arange(0, _ITEM_CHUNK)
+                            starts = tl.load(items + k, mask=k < num_items, other=2**62)
+                            item += tl.sum((starts <= mi).to(tl.int64), axis=0)
+                            c += _ITEM_CHUNK
+                        item = tl.maximum(item, 0)
+                    in_item = mi - tl.load(items + item)
+                    fields = items + num_items + item * (nblocks * 4)
+                    if (flags & _F_MEDIA_VEC) != 0:
+                        m = _media_row(fields, nblocks, in_item, tl.multiple_of(mwidth, 8), mcode, col0, offs,
+                                       read_media, col_ok, flags, OUT, True, _SOFT)
+                        tl.store(dst + cols, m, mask=col_ok)
+                    else:
+                        for p in range(0, BLOCK, PIECE):
+                            po = tl.arange(0, PIECE)
+                            ok = col0 + p + po < WIDTH
+                            m = _media_row(fields, nblocks, in_item, mwidth, mcode, col0 + p, po, read_media, ok, flags,
+                                           OUT, False, _SOFT)
+                            tl.store(dst + col0 + p + po, m, mask=ok)
+                elif read_text:
+                    table, tstride = tl.load(params_ptr + _H_TABLE), tl.load(params_ptr + _H_TSTRIDE)
+                    twidth, tcode = tl.load(params_ptr + _H_TWIDTH), tl.load(params_ptr + _H_TDTYPE).to(tl.int32)
+                    scale = tl.load(params_ptr + _H_SCALE).to(tl.int32).to(tl.float32, bitcast=True)
+                    rel = tok - vocab_start
+                    if (flags & _F_TEXT_VEC) != 0:
+                        t = _text_row(table, rel, tl.multiple_of(tstride, 8), tl.multiple_of(twidth, 8), tcode, col0,
+                                      offs, col_ok, flags, scale, OUT, True, _SOFT)
+                        tl.store(dst + cols, t, mask=col_ok)
+                    else:
+                        for p in range(0, BLOCK, PIECE):
+                            po = tl.arange(0, PIECE)
+                            ok = col0 + p + po < WIDTH
+                            t = _text_row(table, rel, tstride, twidth, tcode, col0 + p, po, ok, flags, scale, OUT,
+                                          False, _SOFT)
+                            tl.store(dst + col0 + p + po, t, mask=ok)
+                else:  # padding, a bad or another rank's id, a bad media index, media another rank owns
+                    tl.store(dst + cols, tl.zeros((BLOCK,), OUT), mask=col_ok)
 
         if NUM_SLOTS > 0:
             if (col0 == 0) & (row % _TOK_BLOCK == 0):  # one program per _TOK_BLOCK rows

@@ -1,0 +1,170 @@
+"""Staging as an engine meets it: new tensors at new addresses every round, never the same objects again.
+
+Each round gets inputs made for it beforehand (outside timing), as an encoder hands over new
+outputs every step. Two metrics per implementation: ``device`` (CUDA events, behind the L2 flush
+and head start of ``device_bench``: the device's time alone) and ``latency`` (host clock around
+the call and a sync after it, the device idle before: what a step waits when the GPU is not ahead).
+Cases (bf16, vocabulary 32000):
+
+- ``one_tensor``: 32768x4096 and 8192x16384, half the rows media (alternating 64-row spans), one
+  new media tensor; against ``copy_new_source`` (the slab's bytes copied from a new tensor: the
+  ceiling) and the LightLLM-style kernel (``bench/peer_lightllm.py``).
+- ``items16``: 8192x4096, the media as 16 new item tensors; against one new tensor of the same rows
+  and ``torch.cat`` of the items then staging.
+- ``deepstack``: 8192 tokens into a 4 x 2048 slab, 8 new items of 4 column blocks; against one new
+  pre-concatenated wide tensor.
+- ``qwen3_vl``: 4096 tokens, 4 images of 580 rows, k = 3 (``staging_figures.qwen3_vl_batch``); against
+  the engine-style merge (embedding, masked scatter per level, copies).
+- ``op``: ``stage_embeddings`` at 256 and 2048 x 4096 against the LightLLM-style kernel: latency only.
+
+``bench/staging_figures.py`` measures the same cases as one script (rounds of 8 calls behind a head
+start); this suite puts them in pytest-benchmark's tables and JSON.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from peer_lightllm import image_ranges, lightllm_style_stage
+
+import slabstage as ss
+
+HAS_CUDA = torch.cuda.is_available()
+
+BF16 = torch.bfloat16
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="new inputs every round: the figures are the GPU's")
+DEV = torch.device("cuda")
+
+
+def _time(bench, metric, request, calls):
+    """Time ``calls[i]()`` in round ``i``: device time (``bench`` is ``device_bench``) or latency."""
+    between = request.getfixturevalue("between_rounds") if metric == "device" else torch.cuda.synchronize
+    it = iter(calls)
+
+    def setup():
+        between()
+        return (next(it),), {}
+
+    def call(c):
+        c()
+        if metric == "latency":
+            torch.cuda.synchronize()
+
+    b = bench.benchmark
+    if metric == "latency":
+        b._timer = time.perf_counter  # (as host_bench does: the host clock)
+    b.extra_info.update(metric=metric)
+    b.pedantic(call, setup=setup, rounds=len(calls) - bench.warmup_rounds, warmup_rounds=bench.warmup_rounds)
+
+
+def _rounds(bench):
+    return bench.rounds + bench.warmup_rounds
+
+
+def _half_media(n):
+    ids = torch.randint(0, 32000, (n,), device=DEV)
+    index = torch.full((n,), -1, dtype=torch.int64)
+    media = (torch.arange(n) // 64) % 2 == 1
+    index[media] = torch.arange(int(media.sum()))
+    return ids, index.to(DEV)
+
+
+@pytest.mark.parametrize("metric", ["device", "latency"])
+@pytest.mark.parametrize("impl", ["slabstage", "copy_new_source", "lightllm_style"])
+@pytest.mark.parametrize("shape", [(32768, 4096), (8192, 16384)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_one_tensor(device_bench, request, shape, impl, metric):
+    n, width = shape
+    table = torch.randn(32000 if width == 4096 else 8000, width, dtype=BF16, device=DEV)
+    slab = torch.empty(n, width, dtype=BF16, device=DEV)
+    ids, index = _half_media(n)
+    ids %= table.shape[0]
+    errors = ss.new_error_word(DEV)
+    k = _rounds(device_bench)
+    if impl == "copy_new_source":
+        calls = [lambda s=torch.randn(n, width, dtype=BF16, device=DEV): slab.copy_(s) for _ in range(k)]
+    else:
+        media = [torch.randn(n // 2, width, dtype=BF16, device=DEV) for _ in range(k)]
+        if impl == "slabstage":
+            calls = [lambda m=m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)
+                     for m in media]
+        else:
+            starts, lengths, locs = image_ranges([64] * (n // 128), table.shape[0], DEV)
+            fake = torch.where(index >= 0, table.shape[0] + index, ids)
+            calls = [lambda m=m: lightllm_style_stage(slab, fake, table, m, starts, lengths, locs) for m in media]
+    device_bench.extra_info.update(case="one_tensor", shape=f"{n}x{width}", impl=impl)
+    _time(device_bench, metric, request, calls)
+
+
+@pytest.mark.parametrize("metric", ["device", "latency"])
+@pytest.mark.parametrize("impl", ["slabstage_items", "slabstage_one_tensor", "cat_then_stage"])
+def test_items16(device_bench, request, impl, metric):
+    n, width = 8192, 4096
+    table = torch.randn(32000, width, dtype=BF16, device=DEV)
+    slab = torch.empty(n, width, dtype=BF16, device=DEV)
+    ids, index = _half_media(n)
+    errors = ss.new_error_word(DEV)
+    rows = n // 2 // 16
+    new = [[torch.randn(rows, width, dtype=BF16, device=DEV) for _ in range(16)] for _ in range(_rounds(device_bench))]
+    stage = lambda m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)  # noqa: E731
+    if impl == "slabstage_one_tensor":
+        new = [torch.cat(it) for it in new]
+    prep = (lambda m: torch.cat(m)) if impl == "cat_then_stage" else (lambda m: m)
+    device_bench.extra_info.update(case="items16", shape=f"{n}x{width}", impl=impl)
+    _time(device_bench, metric, request, [lambda m=m: stage(prep(m)) for m in new])
+
+
+@pytest.mark.parametrize("metric", ["device", "latency"])
+@pytest.mark.parametrize("impl", ["slabstage_items", "slabstage_wide_tensor"])
+def test_deepstack(device_bench, request, impl, metric):
+    n, h, k = 8192, 2048, 3
+    table = torch.randn(32000, h, dtype=BF16, device=DEV)
+    slab = torch.empty(n, h * (1 + k), dtype=BF16, device=DEV)
+    ids, index = _half_media(n)
+    errors = ss.new_error_word(DEV)
+    rows = n // 2 // 8
+    new = [[tuple(torch.randn(rows, h, dtype=BF16, device=DEV) for _ in range(1 + k)) for _ in range(8)]
+           for _ in range(_rounds(device_bench))]
+    if impl == "slabstage_wide_tensor":
+        new = [torch.cat([torch.cat(item, 1) for item in it]) for it in new]
+    device_bench.extra_info.update(case="deepstack", shape=f"{n}x4x{h}", impl=impl)
+    _time(device_bench, metric, request, [
+        lambda m=m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors) for m in new])
+
+
+@pytest.mark.parametrize("metric", ["device", "latency"])
+@pytest.mark.parametrize("impl", ["slabstage", "engine_style"])
+def test_qwen3_vl(device_bench, request, impl, metric):
+    from staging_figures import engine_style_merge, qwen3_vl_batch
+    table, slab, ids, index, dmask, sizes, h, k = qwen3_vl_batch()
+    errors = ss.new_error_word(DEV)
+    new = [[tuple(torch.randn(s, h, dtype=BF16, device=DEV) for _ in range(1 + k)) for s in sizes]
+           for _ in range(_rounds(device_bench))]
+    if impl == "slabstage":
+        calls = [lambda m=m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)
+                 for m in new]
+    else:
+        calls = [lambda m=m: engine_style_merge(slab, ids, table, dmask, m) for m in new]
+    device_bench.extra_info.update(case="qwen3_vl", shape=f"{ids.shape[0]}x{slab.shape[1]}", impl=impl)
+    _time(device_bench, metric, request, calls)
+
+
+@pytest.mark.parametrize("impl", ["slabstage", "lightllm_style"])
+@pytest.mark.parametrize("n", [256, 2048])
+def test_op(device_bench, request, n, impl):
+    width = 4096
+    table = torch.randn(32000, width, dtype=BF16, device=DEV)
+    slab = torch.empty(n, width, dtype=BF16, device=DEV)
+    ids, index = _half_media(n)
+    errors = ss.new_error_word(DEV)
+    media = [torch.randn(n // 2, width, dtype=BF16, device=DEV) for _ in range(_rounds(device_bench))]
+    if impl == "slabstage":
+        calls = [lambda m=m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)
+                 for m in media]
+    else:
+        starts, lengths, locs = image_ranges([64] * max(1, n // 128), 32000, DEV)
+        fake = torch.where(index >= 0, 32000 + index, ids)
+        calls = [lambda m=m: lightllm_style_stage(slab, fake, table, m, starts, lengths, locs) for m in media]
+    device_bench.extra_info.update(case="op", shape=f"{n}x{width}", impl=impl)
+    _time(device_bench, "latency", request, calls)
