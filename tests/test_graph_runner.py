@@ -74,6 +74,13 @@ def test_constructor_checks():
     assert PrefillGraphRunner(lambda v: v, buffers).buckets == default_token_buckets(64)
 
 
+def test_lazy_capture_without_cuda_runs_eagerly():
+    runner = PrefillGraphRunner(lambda v: v["input_embeds"] * 1, plain_buffers(), buckets=[8, 16], progress=False)
+    assert runner.capture(lazy=True) is runner and not runner.captured
+    runner.run(text_batch(5))
+    assert runner.last_fallback == "no_cuda"
+
+
 def test_bucket_for():
     runner = PrefillGraphRunner(lambda v: v, plain_buffers(capacity=64), buckets=[1, 4, 16, 64],
                                 max_padding_ratio=2.0)
@@ -378,3 +385,48 @@ def test_eager_reasons_on_cuda(caplog):
     assert len(messages) == 2
     assert "enforce_eager=True" in messages[0] and "no graphs captured" in messages[1]
     assert not forced.captured and uncaptured.last_bucket is None
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["plain", "deepstack"])
+def test_lazy_capture_runs_eagerly_once_then_replays(variant):
+    """capture(lazy=True) captures nothing; a bucket's first batch runs eagerly ("capturing"), equal to the eager
+    forward, and leaves that bucket (and the largest) captured and checked: the next batch replays it."""
+    buckets = [8, 16, 40, 64]
+    model = ToyMultimodalModel(variant, hidden_size=256, device="cuda", dtype=torch.bfloat16)
+    buffers = buffers_for(model, 64, "cuda")
+    runner = PrefillGraphRunner(model, buffers, buckets=buckets, max_padding_ratio=64.0, progress=False)
+    runner.capture(lazy=True)
+    assert not runner.captured and buffers.registry.frozen and runner.bucket_for(12) is None
+    g = torch.Generator().manual_seed(5)
+    for n, captured_after in ((12, {16, 64}), (14, {16, 64}), (33, {16, 40, 64}), (64, {16, 40, 64})):
+        first = n not in (14, 64)
+        batch = make_batch(model, n, media_fraction=0.4, num_seqs=2, generator=g)
+        out = runner.run(batch, clone=True)
+        if first:
+            assert runner.last_bucket is None and runner.last_fallback == "capturing"
+            ref = model(buffers.registry.views(n))[:n]
+        else:
+            assert runner.last_bucket is not None and runner.last_fallback is None
+            ref = model(buffers.registry.views(runner.last_bucket))[:n]
+        assert set(runner.graphs) == captured_after and set(runner.checks) == captured_after
+        assert torch.equal(out, ref), n
+        again = runner.run(batch, clone=True)  # now replayed, the same answer
+        assert runner.last_fallback is None and torch.equal(again, out)
+    assert runner.stats()["eager"] == {"capturing": 2}
+
+
+@pytest.mark.cuda
+def test_lazy_capture_then_reset_and_full_capture():
+    model = ToyMultimodalModel("plain", hidden_size=64, device="cuda")
+    runner = PrefillGraphRunner(model, buffers_for(model, 32, "cuda"), buckets=[8, 32], progress=False)
+    runner.capture(lazy=True)
+    with pytest.raises(RuntimeError, match="already captured"):
+        runner.capture()
+    runner.run(make_batch(model, 5))
+    assert set(runner.graphs) == {8, 32}
+    runner.reset()
+    assert not runner.captured and runner.checks == {} and runner.capture_seconds == 0.0
+    runner.capture()
+    runner.run(make_batch(model, 5))
+    assert runner.last_bucket == 8

@@ -115,6 +115,7 @@ def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
 NO_CUDA, ENFORCE_EAGER, NOT_CAPTURED = "no_cuda", "enforce_eager", "not_captured"
 ABOVE_LARGEST, PADDING = "above_largest_bucket", "padding_ratio"
 REPLAY_DIFFERS, REPLAY_SLOWER = "replay_differs", "replay_slower"  # the capture check dropped the bucket
+CAPTURING = "capturing"  # capture(lazy=True): the batch ran eagerly, then its bucket was captured
 VERIFY = ("warn", "strict", "off")
 
 
@@ -183,6 +184,7 @@ class PrefillGraphRunner:
         self.eager = self.enforce_eager or buffers.device.type != "cuda"
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
         self._dropped: dict[int, str] = {}  # bucket -> why the capture check dropped it
+        self._pending: set[int] = set()  # capture(lazy=True): the buckets not captured yet
         self._views: dict[int, Any] = {}  # n -> the first n rows of its bucket's outputs
         self._route: list = []  # n -> its bucket, or why it runs eagerly (a str)
         self._stager = None  # the stager the graphs were captured with
@@ -207,7 +209,7 @@ class PrefillGraphRunner:
         if ratio < 1:
             raise ValueError(f"max_padding_ratio must be a number >= 1, got {value!r}")
         self._ratio = ratio
-        if self._graphs:
+        if self._graphs or self._pending:
             self._routes()
 
     # -- capture ----------------------------------------------------------------------
@@ -230,17 +232,34 @@ class PrefillGraphRunner:
         """The stager of this runner's buffers (slab and integer slots, one launch)."""
         return self._stager if self._stager is not None else Stager.for_buffers(self.buffers, embed=True)
 
-    def capture(self) -> "PrefillGraphRunner":
+    def capture(self, lazy: bool = False) -> "PrefillGraphRunner":
         """Capture every bucket, largest first, into one pool; check each (``verify``); freeze the registry.
 
         Capture stages a batch of its own (text rows of a random table, one sequence); every
-        buffer is as it was when capture returns or raises.
+        buffer is as it was when capture returns or raises. ``lazy=True`` captures nothing now
+        (the registry is frozen at once): the first batch that needs a bucket runs eagerly
+        (``last_fallback == "capturing"``), and then that bucket (with the largest first, whose
+        outputs every graph writes into) is captured and checked before ``run`` returns. That
+        call synchronises with the device; every later one replays.
         """
         if self.eager:
             self._say(ENFORCE_EAGER if self.enforce_eager else NO_CUDA)
             return self
-        if self._graphs:
+        if self._graphs or self._pending:
             raise RuntimeError("already captured: call reset() before capturing again")
+        if lazy:
+            self._stager = Stager.for_buffers(self.buffers, embed=True)
+            self._pending = set(self.buckets)
+            self._routes()
+            self._signature = self.registry.signature()
+            self.registry.freeze()
+            return self
+        self._capture_buckets(list(reversed(self.buckets)))
+        return self
+
+    def _capture_buckets(self, buckets: list) -> None:
+        """Capture and check ``buckets`` (the largest bucket among them first, or captured already) into the
+        runner's pool; on an error keep none of them and put every buffer back."""
         device = self.buffers.device
         stager = Stager.for_buffers(self.buffers, embed=True)
         torch.cuda.synchronize(device)
@@ -249,16 +268,17 @@ class PrefillGraphRunner:
         reserved0 = torch.cuda.memory_reserved(device)
         start = time.perf_counter()
         graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
-        pool = self._user_pool
-        bar = _progress(len(self.buckets), self.progress)
+        pool = self.pool
+        bar = _progress(len(buckets), self.progress)
         stream = _capture_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         bucket = None
-        static = None  # the largest bucket's outputs: every smaller graph copies its rows into them
+        largest = self._graphs.get(self.buckets[-1])
+        static = None if largest is None else largest[1]  # every smaller graph copies its rows into these
         checks, dropped = {}, {}
         try:
             with torch.cuda.stream(stream), nvtx_range("slabstage.capture"):
-                for bucket in reversed(self.buckets):
+                for bucket in buckets:
                     graph, out, probe, eager_out, eager_us = self._capture_one(stager, bucket, pool, static)
                     pool = graph.pool() if pool is None else pool
                     graphs[bucket] = (graph, out)
@@ -290,22 +310,26 @@ class PrefillGraphRunner:
         torch.cuda.synchronize(device)
         self._restore(kept)
         torch.cuda.empty_cache()  # warm-up blocks go back; what stays reserved is the graphs' pool
-        self.capture_seconds = time.perf_counter() - start
-        self.capture_bytes = torch.cuda.memory_reserved(device) - reserved0
-        self._graphs, self.pool, self._stager = graphs, pool, stager
-        self._dropped, self.checks = dropped, checks
+        seconds = time.perf_counter() - start
+        self.capture_seconds += seconds
+        self.capture_bytes += torch.cuda.memory_reserved(device) - reserved0
+        self._graphs.update(graphs)
+        self.pool, self._stager = pool, stager
+        self._dropped.update(dropped)
+        self.checks.update(checks)
+        self._pending.difference_update(graphs)
         self._routes()
-        self._signature = self.registry.signature()
-        self.registry.freeze()
+        if self._signature is None:
+            self._signature = self.registry.signature()
+            self.registry.freeze()
         (log.info if self.is_rank0 else log.debug)(
             "slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s (%.3f s a bucket), %.1f MiB of GPU "
-            "memory", len(graphs), self.buckets[0], self.buckets[-1], self.capture_seconds,
-            self.capture_seconds / len(graphs), self.capture_bytes / 2**20)
+            "memory", len(graphs), min(graphs), max(graphs), seconds, seconds / len(graphs),
+            self.capture_bytes / 2**20)
         for b, why in sorted(dropped.items()):
             (log.warning if self.is_rank0 else log.debug)(
                 "slabstage: the %d-token bucket runs eagerly: its replay %s the eager forward (%s)", b, _WORDS[why],
                 checks[b]["detail"])
-        return self
 
     def _capture_one(self, stager: Stager, bucket: int, pool, static):
         """Warm up, then capture one bucket: ``(graph, its outputs, probe, eager outputs, eager µs)``, the last
@@ -376,6 +400,8 @@ class PrefillGraphRunner:
         self._graphs.clear()
         self._views.clear()
         self._dropped.clear()
+        self._pending.clear()
+        self.checks, self.capture_seconds, self.capture_bytes = {}, 0.0, 0
         self._route = []
         self._signature = None
         self._stager = None
@@ -401,7 +427,7 @@ class PrefillGraphRunner:
 
     def _route_of(self, n: int):
         """``n``'s bucket, or why a batch of ``n`` tokens runs eagerly (a reason code)."""
-        if not self._graphs:
+        if not self._graphs and not self._pending:
             return ENFORCE_EAGER if self.enforce_eager else (NO_CUDA if self.eager else NOT_CAPTURED)
         if len(self._route) != self.buckets[-1] + 1:
             self._routes()
@@ -412,7 +438,8 @@ class PrefillGraphRunner:
         route = [ABOVE_LARGEST]
         for n in range(1, self.buckets[-1] + 1):
             b = self.buckets[bisect.bisect_left(self.buckets, n)]
-            route.append(PADDING if b > n * self._ratio else self._dropped.get(b, b))
+            route.append(PADDING if b > n * self._ratio else
+                         CAPTURING if b in self._pending else self._dropped.get(b, b))
         self._route = route
         self._views.clear()  # a view belongs to the bucket its n replayed in
 
@@ -458,6 +485,11 @@ class PrefillGraphRunner:
             self._eager[route] = self._eager.get(route, 0) + 1
             with nvtx_range("slabstage.eager"):
                 out = self.forward(self.registry.views(n))
+            if route == CAPTURING:  # (the capture's warm-up may write where the forward's outputs live)
+                out = _rows(out, n, True)
+                need = self.buckets[bisect.bisect_left(self.buckets, n)]
+                self._capture_buckets(sorted({self.buckets[-1], need} & self._pending, reverse=True))
+                return out
             return _rows(out, n, clone)
         self.last_bucket, self.last_fallback = route, None
         self._replays[route] = self._replays.get(route, 0) + 1
