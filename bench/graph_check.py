@@ -10,8 +10,9 @@ A Qwen2-7B-shaped decoder (hidden 3584, 28 heads, 4 KV heads, random bf16 weight
 - ``mask``: the same call given a prepared 4-D causal mask (the documented plain recipe);
 - ``prefill_forward``: :func:`slabstage.hf.prefill_forward` over buffers of one request a batch (SDPA causal).
 
-For each: capture seconds (a bucket), the capture's memory, the buckets the check dropped and why, and at
-64, 256, 1024, 2048 and 4096 tokens replay and eager alternated five rounds (minimum of each).
+For each: capture seconds (a bucket), the capture's memory (and against the largest bucket captured alone), the
+buckets the check dropped and why, and at 64, 256, 1024, 2048 and 4096 tokens replay and eager alternated five
+rounds (minimum of each).
 """
 
 from __future__ import annotations
@@ -90,11 +91,19 @@ def one(variant: str, layers: int, max_tokens: int) -> dict:
                            speedup=min(times["eager"]) / min(times["replay"]), route=runner.last_bucket,
                            fallback=runner.last_fallback,
                            max_abs_diff=(outs["replay"].float() - outs["eager"].float()).abs().max().item())
+    # the largest bucket alone, in a pool of its own: what the ladder's memory is judged against
+    alone = ss.PrefillGraphRunner(forward_of(variant, model), ss.StagingBuffers.allocate(
+        max_num_tokens=max_tokens, max_batch_size=1, embed_width=3584, embed_dtype=torch.bfloat16, device="cuda"),
+        buckets=[max_tokens], progress=False)
+    with torch.no_grad():
+        alone.capture()
     checks = {b: {k: v for k, v in c.items() if k != "detail"} for b, c in runner.checks.items()}
     dropped = {b: c["dropped"] for b, c in runner.checks.items() if c["dropped"]}
     check_s = sum(c["replay_us"] + c["eager_us"] for c in runner.checks.values()) / 1e6
     return dict(variant=variant, buckets=len(runner.buckets), capture_s=seconds,
                 capture_s_per_bucket=seconds / len(runner.buckets), capture_mib=runner.capture_bytes / 2**20,
+                largest_alone_mib=alone.capture_bytes / 2**20,
+                mib_vs_largest_alone=runner.capture_bytes / max(alone.capture_bytes, 1),
                 check_device_s=check_s, dropped=dropped, runs=rows, checks=checks)
 
 
@@ -123,7 +132,8 @@ def main() -> int:
             print(variant, "failed:", r["error"][-800:], flush=True)
             continue
         print(f"{variant:16s} capture {r['capture_s_per_bucket']:.3f} s a bucket ({r['buckets']} buckets), "
-              f"{r['capture_mib']:.0f} MiB, dropped {len(r['dropped'])}: {sorted(set(r['dropped'].values()))}",
+              f"{r['capture_mib']:.0f} MiB ({r['mib_vs_largest_alone']:.2f}x the largest bucket alone), "
+              f"dropped {len(r['dropped'])}: {sorted(set(r['dropped'].values()))}",
               flush=True)
         for n, row in r["runs"].items():
             print(f"   {n:>5} tokens: replay {row['replay_us']:8.0f} eager {row['eager_us']:8.0f} us "
