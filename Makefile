@@ -32,10 +32,11 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) -m slabstage demo
 
-# ruff first (configured in pyproject.toml), then the suite; tests/test_packaging.py builds and installs the wheel.
+# ruff first (configured in pyproject.toml), then the suite, one worker a core (pytest-xdist);
+# tests/test_packaging.py builds and installs the wheel.
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .

@@ -306,7 +306,7 @@ def test_pad_policies_accepted(pad, fill, device):
 
 
 @pytest.mark.parametrize("pad", ["zero", "ones", "nan", "", True, False, [0], (0,), object(), torch.tensor(0)],
-                         ids=repr)
+                         ids=lambda v: "object()" if type(v) is object else repr(v))  # (the same id in every process)
 def test_pad_policies_rejected(pad, device):
     reg = BufferRegistry()
     with pytest.raises(ValueError, match="'x'"):
