@@ -15,7 +15,8 @@ import importlib.util
 import os
 import sys
 
-USAGE = """usage: python -m slabstage demo [--model {toy,qwen3-vl}] [options]
+USAGE = """usage: python -m slabstage demo [--model {toy,qwen3-vl,qwen3-vl-moe,qwen2.5-vl,qwen2-vl,llama,qwen2,
+                                                 qwen3}] [options]
        python -m slabstage demo --help"""
 
 

@@ -24,7 +24,7 @@ interpreter (``TRITON_INTERPRET=1``, set by ``slabstage.__main__``), nothing is
 captured, every batch runs eagerly, and no times are shown: they would time the
 interpreter. Exit status 1 when any check fails.
 
-``--model qwen3-vl`` hands the remaining arguments to ``slabstage.hf.demo``
+``--model`` naming a Hugging Face family (``qwen3-vl``, ``llama``, ...) hands the arguments to ``slabstage.hf.demo``
 (needs ``pip install slabstage[hf]``).
 """
 
@@ -51,7 +51,9 @@ from .staging import StagingBuffers
 
 __all__ = ["main", "reference_merge", "widen", "plan_sizes", "kernel_path"]
 
-MODELS = ("toy", "qwen3-vl")
+# toy, then the Hugging Face families slabstage.hf.demo builds (slabstage.hf.tiny.FAMILIES, spelt with dashes)
+HF_MODELS = ("qwen3-vl", "qwen3-vl-moe", "qwen2.5-vl", "qwen2-vl", "llama", "qwen2", "qwen3")
+MODELS = ("toy", *HF_MODELS)
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _MAX_BATCH_SIZE = 8
 # The order batch kinds come in on a GPU; a kind with no size in range is skipped.
@@ -67,8 +69,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                     "forward over it, bit for bit. Without a GPU the Triton kernels run under Triton's "
                     "interpreter.")
     p.add_argument("--model", choices=MODELS, default="toy",
-                   help="toy: the built-in toy model (default); qwen3-vl: a Hugging Face Qwen3-VL model "
-                        "(needs pip install slabstage[hf]; its own options follow, see --model qwen3-vl --help)")
+                   help="toy: the built-in toy model (default); the others: a tiny random Hugging Face model "
+                        "of that family (needs pip install slabstage[hf]; its own options follow, see --model "
+                        "qwen3-vl --help)")
     p.add_argument("--variant", choices=[*VARIANTS, "all"], default="all",
                    help="which model layout to run (default: all)")
     p.add_argument("--steps", type=int, default=None, help="batches per variant (default: 12 on CUDA, 6 on CPU)")
@@ -334,7 +337,7 @@ def _hf_demo(argv: list[str]) -> int:
     try:
         from .hf.demo import main as hf_main
     except ImportError as e:
-        print(f"demo: --model qwen3-vl needs the Hugging Face extra: pip install 'slabstage[hf]' ({e})",
+        print(f"demo: --model {argv[1]} needs the Hugging Face extra: pip install 'slabstage[hf]' ({e})",
               file=sys.stderr)
         return 2
     return hf_main(argv)
@@ -351,8 +354,8 @@ def _split_model(argv: list[str]) -> tuple[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     model_name, rest = _split_model(argv)
-    if model_name == "qwen3-vl":
-        return _hf_demo(rest)
+    if model_name in HF_MODELS:
+        return _hf_demo(["--model", model_name, *rest])
     args = _parse(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -118,7 +118,7 @@ def test_help_lists_the_options(capsys):
 
 
 def test_bad_arguments_are_refused():
-    for argv in (["--steps", "0"], ["--variant", "wide"], ["--model", "llama"]):
+    for argv in (["--steps", "0"], ["--variant", "wide"], ["--model", "gpt2"]):
         with pytest.raises(SystemExit) as info:
             demo.main(argv)
         assert info.value.code == 2
@@ -130,7 +130,13 @@ def test_model_qwen3_vl_hands_the_rest_to_the_hf_demo(monkeypatch):
     fake.main = lambda argv: seen.append(argv) or 0
     monkeypatch.setitem(sys.modules, "slabstage.hf.demo", fake)
     assert demo.main(["--model", "qwen3-vl", "--steps", "2", "--help"]) == 0
-    assert seen == [["--steps", "2", "--help"]]
+    assert demo.main(["--seed", "3", "--model", "llama"]) == 0
+    assert seen == [["--model", "qwen3-vl", "--steps", "2", "--help"], ["--model", "llama", "--seed", "3"]]
+
+
+def test_every_hf_family_the_demo_builds_is_a_model_choice():
+    from slabstage.hf.tiny import FAMILIES
+    assert sorted(m.replace("-", "_").replace(".", "_") for m in demo.HF_MODELS) == sorted(FAMILIES)
 
 
 def test_model_qwen3_vl_without_transformers_says_what_to_install(capsys, monkeypatch):

@@ -16,9 +16,10 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slabstage demo --model qwen3-vl",
-                                description="Two requests with images through a tiny random Qwen3-VL (slabstage.hf), "
-                                            "prefill under the graph runner, checked against the HF forward.")
+    p = argparse.ArgumentParser(prog="slabstage demo --model FAMILY",
+                                description="Two requests (with images, for the VL families) through a tiny random "
+                                            "Hugging Face model (slabstage.hf), prefill under the graph runner, "
+                                            "checked against the HF forward.")
     p.add_argument("--model", default="qwen3-vl", help="family: qwen3-vl (default), qwen3-vl-moe, qwen2.5-vl, "
                                                        "qwen2-vl, llama, qwen2, qwen3")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
