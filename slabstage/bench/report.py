@@ -142,7 +142,10 @@ def markdown(suite: str, data: dict) -> str:
                 "device time and the copy ceiling need a GPU.", ""]
     if not rows:
         return "\n".join(out + ["No timed benchmarks in this file.", ""])
+    detailed = _capture_lines(data)
     for metric in _metric_order(rows):
+        if metric == "capture" and detailed:  # (its timing is a subprocess's wall time: the table below says it)
+            continue
         sub = [r for r in rows if r.metric == metric]
         impls, shapes = _impl_order(sub), _shape_order(sub)
         cell = {(r.shape, r.impl): r for r in sub}
@@ -163,7 +166,7 @@ def markdown(suite: str, data: dict) -> str:
                 line.append(f"{min(peers) / ours.median_us:.2f}x" if ours and peers else "–")
             out.append("| " + " | ".join(line) + " |")
         out.append("")
-    out += _capture_lines(data)
+    out += detailed
     if any(r.floor_us for r in rows):
         out += ["floor: the bytes a call must move (read + written; for staging, each source row read "
                 "once and each slab row written once) at the measured device-to-device copy ceiling. "
