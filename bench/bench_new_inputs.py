@@ -28,6 +28,7 @@ import time
 import pytest
 import torch
 from peer_lightllm import image_ranges, lightllm_style_stage
+from staging_figures import engine_style_merge, half_media, qwen3_vl_batch
 
 import slabstage as ss
 
@@ -63,14 +64,6 @@ def _rounds(bench):
     return bench.rounds + bench.warmup_rounds
 
 
-def _half_media(n):
-    ids = torch.randint(0, 32000, (n,), device=DEV)
-    index = torch.full((n,), -1, dtype=torch.int64)
-    media = (torch.arange(n) // 64) % 2 == 1
-    index[media] = torch.arange(int(media.sum()))
-    return ids, index.to(DEV)
-
-
 @pytest.mark.parametrize("metric", ["device", "latency"])
 @pytest.mark.parametrize("impl", ["slabstage", "copy_new_source", "lightllm_style"])
 @pytest.mark.parametrize("shape", [(32768, 4096), (8192, 16384)], ids=lambda s: f"{s[0]}x{s[1]}")
@@ -78,7 +71,7 @@ def test_one_tensor(device_bench, request, shape, impl, metric):
     n, width = shape
     table = torch.randn(32000 if width == 4096 else 8000, width, dtype=BF16, device=DEV)
     slab = torch.empty(n, width, dtype=BF16, device=DEV)
-    ids, index = _half_media(n)
+    ids, index = half_media(n)
     ids %= table.shape[0]
     errors = ss.new_error_word(DEV)
     k = _rounds(device_bench)
@@ -103,7 +96,7 @@ def test_items16(device_bench, request, impl, metric):
     n, width = 8192, 4096
     table = torch.randn(32000, width, dtype=BF16, device=DEV)
     slab = torch.empty(n, width, dtype=BF16, device=DEV)
-    ids, index = _half_media(n)
+    ids, index = half_media(n)
     errors = ss.new_error_word(DEV)
     rows = n // 2 // 16
     new = [[torch.randn(rows, width, dtype=BF16, device=DEV) for _ in range(16)] for _ in range(_rounds(device_bench))]
@@ -121,7 +114,7 @@ def test_deepstack(device_bench, request, impl, metric):
     n, h, k = 8192, 2048, 3
     table = torch.randn(32000, h, dtype=BF16, device=DEV)
     slab = torch.empty(n, h * (1 + k), dtype=BF16, device=DEV)
-    ids, index = _half_media(n)
+    ids, index = half_media(n)
     errors = ss.new_error_word(DEV)
     rows = n // 2 // 8
     new = [[tuple(torch.randn(rows, h, dtype=BF16, device=DEV) for _ in range(1 + k)) for _ in range(8)]
@@ -136,7 +129,6 @@ def test_deepstack(device_bench, request, impl, metric):
 @pytest.mark.parametrize("metric", ["device", "latency"])
 @pytest.mark.parametrize("impl", ["slabstage", "engine_style"])
 def test_qwen3_vl(device_bench, request, impl, metric):
-    from staging_figures import engine_style_merge, qwen3_vl_batch
     table, slab, ids, index, dmask, sizes, h, k = qwen3_vl_batch()
     errors = ss.new_error_word(DEV)
     new = [[tuple(torch.randn(s, h, dtype=BF16, device=DEV) for _ in range(1 + k)) for s in sizes]
@@ -156,7 +148,7 @@ def test_op(device_bench, request, n, impl):
     width = 4096
     table = torch.randn(32000, width, dtype=BF16, device=DEV)
     slab = torch.empty(n, width, dtype=BF16, device=DEV)
-    ids, index = _half_media(n)
+    ids, index = half_media(n)
     errors = ss.new_error_word(DEV)
     media = [torch.randn(n // 2, width, dtype=BF16, device=DEV) for _ in range(_rounds(device_bench))]
     if impl == "slabstage":

@@ -73,6 +73,12 @@ def latency_us(calls, steps: int) -> float:
     return statistics.median(synced_us(c) for c in calls[:steps])
 
 
+def both(fn, inputs, steps: int, name: str) -> dict:
+    """``{name_us: device time, name_latency_us: latency}`` of ``fn(x)`` over the new ``inputs``."""
+    calls = [lambda x=x: fn(x) for x in inputs]
+    return {f"{name}_us": device_us(calls, steps), f"{name}_latency_us": latency_us(calls, steps)}
+
+
 def copy_ceiling_us(n: int, width: int, steps: int) -> dict:
     """Same-run device-to-device copies of an ``n x width`` bf16 slab's bytes (each source row read once, each
     slab row written once: the staging floor), timed as staging is: from a new source each step, and from one
@@ -85,13 +91,12 @@ def copy_ceiling_us(n: int, width: int, steps: int) -> dict:
     return out
 
 
-def half_media(n, width, media_rows, g):
-    """A batch of ``n`` rows, every other block of 64 rows media: ids, index, table, media (new each call)."""
+def half_media(n):
+    """A batch of ``n`` rows, every other block of 64 rows media: ``(ids, media_index)`` on the device."""
     ids = torch.randint(0, 32000, (n,), device=DEV)
     index = torch.full((n,), -1, dtype=torch.int64)
-    rows = torch.arange(n)
-    media = (rows // 64) % 2 == 1
-    index[media] = torch.arange(int(media.sum())) % media_rows
+    media = (torch.arange(n) // 64) % 2 == 1
+    index[media] = torch.arange(int(media.sum()))
     return ids, index.to(DEV)
 
 
@@ -108,7 +113,7 @@ def large_cases(out, steps):
 def _large(n: int, width: int, steps: int) -> dict:
     tbl = torch.randn(32000 if width == 4096 else 8000, width, dtype=BF16, device=DEV)
     slab = torch.empty(n, width, dtype=BF16, device=DEV)
-    ids, index = half_media(n, width, n // 2, None)
+    ids, index = half_media(n)
     ids = ids % tbl.shape[0]
     medias = [torch.randn(n // 2, width, dtype=BF16, device=DEV) for _ in range(steps + 3)]
     errors = ss.new_error_word(DEV)
@@ -140,18 +145,14 @@ def items_cases(out, steps):
     n, width = 8192, 4096
     table = torch.randn(32000, width, dtype=BF16, device=DEV)
     slab = torch.empty(n, width, dtype=BF16, device=DEV)
-    ids, index = half_media(n, width, n // 2, None)
+    ids, index = half_media(n)
     errors = ss.new_error_word(DEV)
     rows = n // 2 // 16
     items = [[torch.randn(rows, width, dtype=BF16, device=DEV) for _ in range(16)] for _ in range(steps + 3)]
     tensors = [torch.cat(it) for it in items]
     stage = lambda m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)  # noqa: E731
-    r = dict(items_us=device_us([lambda m=m: stage(m) for m in items], steps),
-             tensor_us=device_us([lambda m=m: stage(m) for m in tensors], steps),
-             cat_us=device_us([lambda m=m: stage(torch.cat(m)) for m in items], steps),
-             items_latency_us=latency_us([lambda m=m: stage(m) for m in items], steps),
-             tensor_latency_us=latency_us([lambda m=m: stage(m) for m in tensors], steps),
-             cat_latency_us=latency_us([lambda m=m: stage(torch.cat(m)) for m in items], steps))
+    r = {**both(stage, items, steps, "items"), **both(stage, tensors, steps, "tensor"),
+         **both(lambda m: stage(torch.cat(m)), items, steps, "cat")}
     r["items_vs_tensor"] = r["items_us"] / r["tensor_us"]
     r["cat_vs_items"] = r["cat_us"] / r["items_us"]
     out["16 new items 8192x4096"] = r
@@ -168,9 +169,7 @@ def items_cases(out, steps):
           for _ in range(steps + 3)]
     flat = [torch.cat([torch.cat(item, 1) for item in it]) for it in ds]
     stage = lambda m: ss.stage_embeddings(wide, ids, table, media=m, media_index=index, errors=errors)  # noqa: E731
-    r = dict(items_us=device_us([lambda m=m: stage(m) for m in ds], steps),
-             wide_us=device_us([lambda m=m: stage(m) for m in flat], steps),
-             items_latency_us=latency_us([lambda m=m: stage(m) for m in ds], steps))
+    r = {**both(stage, ds, steps, "items"), "wide_us": device_us([lambda m=m: stage(m) for m in flat], steps)}
     r["items_vs_wide"] = r["items_us"] / r["wide_us"]
     out["DeepStack k=3 8 new items 8192x4x2048"] = r
     print(f"DeepStack k=3, 8 new items: {r['items_us']:.1f} us = {r['items_vs_wide']:.3f}x the wide tensor",
@@ -199,7 +198,7 @@ def _per_call(calls, steps: int) -> float:
 def _back_to_back(n: int, width: int, steps: int) -> dict:
     table = torch.randn(32000, width, dtype=BF16, device=DEV)
     slab = torch.empty(n, width, dtype=BF16, device=DEV)
-    ids, index = half_media(n, width, n // 2, None)
+    ids, index = half_media(n)
     medias = [torch.randn(n // 2, width, dtype=BF16, device=DEV) for _ in range(steps + 3)]
     errors = ss.new_error_word(DEV)
     starts, lengths, locs = image_ranges([64] * max(1, n // 128), 32000, DEV)
@@ -256,10 +255,7 @@ def qwen3_vl_like(out, steps):
     def engine(it):
         engine_style_merge(slab, ids, table, dmask, it)
 
-    r = dict(ours_us=device_us([lambda m=m: ours(m) for m in items], steps),
-             engine_us=device_us([lambda m=m: engine(m) for m in items], steps),
-             ours_latency_us=latency_us([lambda m=m: ours(m) for m in items], steps),
-             engine_latency_us=latency_us([lambda m=m: engine(m) for m in items], steps))
+    r = {**both(ours, items, steps, "ours"), **both(engine, items, steps, "engine")}
     r["device_speedup"] = r["engine_us"] / r["ours_us"]
     r["latency_speedup"] = r["engine_latency_us"] / r["ours_latency_us"]
     out["Qwen3-VL-like merge 4096 tokens k=3"] = r

@@ -248,13 +248,12 @@ class PrefillGraphRunner:
         if self._graphs or self._pending:
             raise RuntimeError("already captured: call reset() before capturing again")
         if lazy:
-            self._stager = Stager.for_buffers(self.buffers, embed=True)
             self._pending = set(self.buckets)
             self._routes()
-            self._signature = self.registry.signature()
-            self.registry.freeze()
-            return self
-        self._capture_buckets(list(reversed(self.buckets)))
+        else:
+            self._capture_buckets(list(reversed(self.buckets)))
+        self._signature = self.registry.signature()
+        self.registry.freeze()
         return self
 
     def _capture_buckets(self, buckets: list) -> None:
@@ -310,22 +309,18 @@ class PrefillGraphRunner:
         torch.cuda.synchronize(device)
         self._restore(kept)
         torch.cuda.empty_cache()  # warm-up blocks go back; what stays reserved is the graphs' pool
-        seconds = time.perf_counter() - start
+        seconds, grown = time.perf_counter() - start, torch.cuda.memory_reserved(device) - reserved0
         self.capture_seconds += seconds
-        self.capture_bytes += torch.cuda.memory_reserved(device) - reserved0
+        self.capture_bytes += grown
         self._graphs.update(graphs)
         self.pool, self._stager = pool, stager
         self._dropped.update(dropped)
         self.checks.update(checks)
         self._pending.difference_update(graphs)
         self._routes()
-        if self._signature is None:
-            self._signature = self.registry.signature()
-            self.registry.freeze()
         (log.info if self.is_rank0 else log.debug)(
             "slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s (%.3f s a bucket), %.1f MiB of GPU "
-            "memory", len(graphs), min(graphs), max(graphs), seconds, seconds / len(graphs),
-            self.capture_bytes / 2**20)
+            "memory", len(graphs), min(graphs), max(graphs), seconds, seconds / len(graphs), grown / 2**20)
         for b, why in sorted(dropped.items()):
             (log.warning if self.is_rank0 else log.debug)(
                 "slabstage: the %d-token bucket runs eagerly: its replay %s the eager forward (%s)", b, _WORDS[why],

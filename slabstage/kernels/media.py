@@ -115,12 +115,12 @@ def _plan(items: tuple, blocks: list, device: torch.device, slab_width: int, tex
     elem = FLOAT_BYTES.get(dtype)
     if elem is None:
         explain()
+    wide = slab_width > text_width
     dev = device.index if device.type == "cuda" else -1
     if dev is None:
         dev = torch.cuda.current_device()
-    k = max(map(len, items))
-    wide = slab_width > text_width
     on_cuda = device.type == "cuda"
+    k = max(map(len, items))
     starts, fields, lows, highs = [], [], [], []
     rows = width = 0
     align = ealign = 0

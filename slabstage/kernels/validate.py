@@ -99,29 +99,29 @@ class Destinations:
         # per SOURCE_SLOTS row: the bits of the slot's dtype (0: the stager writes no such slot)
         self.bits = tuple(_INT_BITS[t.dtype] if t is not None else 0 for t in self.slots[:len(SOURCE_SLOTS)])
 
-    def clear_of(self, src_name: str, start: int, end: int) -> None:
-        """Raise unless bytes ``[start, end)`` (a source's) miss every destination."""
+    def _hit(self, start: int, end: int) -> str | None:
+        """The name of a destination that bytes ``[start, end)`` (a source's) overlap, or None."""
         if end <= self.lo or start >= self.hi or start == end:
-            return
+            return None
         i = bisect_right(self._starts, start)  # the destinations are apart: two neighbours to look at
         if i and self._ends[i - 1] > start:
-            raise ValueError(overlap_message(src_name, self._names[i - 1]))
+            return self._names[i - 1]
         if i < len(self._starts) and self._starts[i] < end:
-            raise ValueError(overlap_message(src_name, self._names[i]))
+            return self._names[i]
+        return None
 
+    def clear_of(self, src_name: str, start: int, end: int) -> None:
+        """Raise unless bytes ``[start, end)`` (a source's) miss every destination."""
+        name = self._hit(start, end)
+        if name is not None:
+            raise ValueError(overlap_message(src_name, name))
 
     def clear_of_all(self, lows, highs, spans) -> None:
         """:meth:`clear_of` for every ``[lows[k], highs[k])``; ``spans()`` yields ``(name, start, end)`` of the
-        same spans, for the error's name (only looked at when one overlaps)."""
-        starts, ends, lo, hi = self._starts, self._ends, self.lo, self.hi
-        last = len(starts)
-        for a, b in zip(lows, highs):
-            if b <= lo or a >= hi or a == b:
-                continue
-            i = bisect_right(starts, a)
-            if (i and ends[i - 1] > a) or (i < last and starts[i] < b):
-                for name, start, end in spans():
-                    self.clear_of(name, start, end)
+        same spans, for the error's name (only made when one overlaps)."""
+        if any(map(self._hit, lows, highs)):
+            for name, start, end in spans():
+                self.clear_of(name, start, end)
 
 
 def _touch(a: torch.Tensor, b: torch.Tensor) -> bool:
