@@ -2,7 +2,9 @@
 
 Each bucket's graph begins with the staging launch, which reads everything a batch
 changes from the stager's device parameter block. ``run()`` is: check the batch,
-write its block into pinned memory, one host-to-device copy, one replay.
+write its block into pinned memory, one host-to-device copy, one replay. Capture and
+its check are in :mod:`.capture`; where a batch runs, and the reason codes of an
+eager run, in :mod:`.routes`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import bisect
 import logging
 import numbers
-import time
 from typing import Any, Callable
 
 import torch
@@ -20,7 +21,10 @@ from ..kernels.launch import Stager
 from ..staging.buffers import StagingBuffers
 from .batch import PrefillBatch
 from .buckets import default_token_buckets
+from .capture import VERIFY, CaptureError, capture_buckets
 from .nvtx import nvtx_range, range_pop, range_push
+from .outputs import first_rows
+from .routes import ABOVE_LARGEST, CAPTURING, ENFORCE_EAGER, NO_CUDA, NOT_CAPTURED, eager_words, route_table
 
 __all__ = ["PrefillGraphRunner", "CaptureError"]
 
@@ -29,94 +33,12 @@ log = logging.getLogger("slabstage")
 Forward = Callable[[dict], Any]
 
 
-class CaptureError(RuntimeError):
-    """``forward`` raised while a bucket was being captured; nothing was kept."""
-
-
-def _rows(out: Any, n: int, clone: bool) -> Any:
-    """``out`` (a tensor, or a tuple/list/dict of them) cut to its first ``n`` rows."""
-    if isinstance(out, torch.Tensor):
-        return out[:n].clone() if clone else out[:n]
-    if isinstance(out, dict):
-        return {k: _rows(v, n, clone) for k, v in out.items()}
-    if isinstance(out, (tuple, list)):
-        return type(out)(_rows(v, n, clone) for v in out)
-    raise TypeError(f"forward must return a tensor, or a tuple/list/dict of tensors; got {type(out).__name__}")
-
-
-def _into_static(out: Any, static: Any) -> Any:
-    """Copy ``out`` into the first rows of ``static`` (same structure) and return those views.
-
-    Inside a capture this adds one copy per output to the graph and lets the
-    graph's own output tensors go back to the pool, so the whole ladder takes
-    about the memory of its largest bucket. Outputs that do not line up with the
-    static ones (another structure, dtype or row shape) are kept as they are.
-    """
-    if isinstance(out, torch.Tensor):
-        if (isinstance(static, torch.Tensor) and out.dtype == static.dtype and out.dim() >= 1
-                and out.shape[1:] == static.shape[1:] and out.shape[0] <= static.shape[0]):
-            dst = static[:out.shape[0]]
-            if dst.data_ptr() != out.data_ptr():
-                dst.copy_(out)
-            return dst
-        return out
-    if isinstance(out, dict) and isinstance(static, dict) and out.keys() == static.keys():
-        return {k: _into_static(v, static[k]) for k, v in out.items()}
-    if isinstance(out, (tuple, list)) and isinstance(static, (tuple, list)) and len(out) == len(static):
-        return type(out)(_into_static(v, w) for v, w in zip(out, static))
-    return out
-
-
-_CAPTURE_STREAMS: dict = {}
-
-
-def _capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for every capture: cuBLAS keeps a workspace per stream it
-    has run on (32 MiB on Hopper), so a fresh stream per capture() would cost one more each time."""
-    stream = _CAPTURE_STREAMS.get(device)
-    if stream is None:
-        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
-
-
 def _is_rank0(group) -> bool:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return True
     return dist.get_rank(group) == 0
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is optional (extra "progress")
-        return None
-    return tqdm(total=total, desc="slabstage capture", unit="graph", leave=False)
-
-
-def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
-    """The batch staged while capturing: ``n`` text rows of a small random table, one sequence, positions
-    ``0..n-1``; what warm-up, capture and the check after it run on."""
-    slab = buffers.input_embeds
-    g = torch.Generator(device="cpu").manual_seed(n)
-    host = torch.device("cpu")  # (named: a caller's default device has no say)
-    positions = torch.arange(n, device=host)
-    return PrefillBatch(input_ids=torch.randint(0, 16, (n,), generator=g, device=host), positions=positions,
-                        table=torch.randn(16, slab.shape[1], generator=g, device=host).to(buffers.device, slab.dtype),
-                        mrope_positions=positions.expand(3, n) if buffers.mrope_positions is not None else None,
-                        seq_lens=torch.tensor([n], dtype=torch.int32, device=host),
-                        extend_start_loc=torch.zeros(1, dtype=torch.int32, device=host))
-
-
-# why a run() ran eagerly (runner.last_fallback; runner.stats()["eager"])
-NO_CUDA, ENFORCE_EAGER, NOT_CAPTURED = "no_cuda", "enforce_eager", "not_captured"
-ABOVE_LARGEST, PADDING = "above_largest_bucket", "padding_ratio"
-REPLAY_DIFFERS, REPLAY_SLOWER = "replay_differs", "replay_slower"  # the capture check dropped the bucket
-CAPTURING = "capturing"  # capture(lazy=True): the batch ran eagerly, then its bucket was captured
-VERIFY = ("warn", "strict", "off")
 
 
 class PrefillGraphRunner:
@@ -258,137 +180,19 @@ class PrefillGraphRunner:
 
     def _capture_buckets(self, buckets: list) -> None:
         """Capture and check ``buckets`` (the largest bucket among them first, or captured already) into the
-        runner's pool; on an error keep none of them and put every buffer back."""
-        device = self.buffers.device
-        stager = Stager.for_buffers(self.buffers, embed=True)
-        torch.cuda.synchronize(device)
-        kept = {name: self.registry[name].to("cpu", copy=True) for name in self.registry}  # put back after
-        torch.cuda.empty_cache()  # what the caching allocator holds unused would blur the memory measure
-        reserved0 = torch.cuda.memory_reserved(device)
-        start = time.perf_counter()
-        graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
-        pool = self.pool
-        bar = _progress(len(buckets), self.progress)
-        stream = _capture_stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        bucket = None
+        runner's pool and keep them; on an error keep none of them (every buffer is put back)."""
         largest = self._graphs.get(self.buckets[-1])
-        static = None if largest is None else largest[1]  # every smaller graph copies its rows into these
-        checks, dropped = {}, {}
-        try:
-            with torch.cuda.stream(stream), nvtx_range("slabstage.capture"):
-                for bucket in buckets:
-                    graph, out, probe, eager_out, eager_us = self._capture_one(stager, bucket, pool, static)
-                    pool = graph.pool() if pool is None else pool
-                    graphs[bucket] = (graph, out)
-                    if static is None:
-                        static = out
-                    if self.verify != "off":
-                        checks[bucket] = self._check_one(stager, bucket, graph, out, probe, eager_out, eager_us)
-                        why = checks[bucket]["dropped"]
-                        if why is not None:
-                            if self.verify == "strict":
-                                raise CaptureError(f"the {bucket}-token bucket's replay {_WORDS[why]} the eager "
-                                                   f"forward ({checks[bucket]['detail']})")
-                            dropped[bucket] = why
-                    if bar is not None:
-                        bar.update(1)
-        except Exception as e:
-            graphs.clear()
-            torch.cuda.current_stream(device).wait_stream(stream)
-            torch.cuda.synchronize(device)
-            self._restore(kept)
-            if isinstance(e, CaptureError):
-                raise
-            raise CaptureError(f"forward raised while capturing the {bucket}-token bucket: {e!r}; "
-                               f"no graph was kept, capture() can be called again") from e
-        finally:
-            if bar is not None:
-                bar.close()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        torch.cuda.synchronize(device)
-        self._restore(kept)
-        torch.cuda.empty_cache()  # warm-up blocks go back; what stays reserved is the graphs' pool
-        seconds, grown = time.perf_counter() - start, torch.cuda.memory_reserved(device) - reserved0
-        self.capture_seconds += seconds
-        self.capture_bytes += grown
-        self._graphs.update(graphs)
-        self.pool, self._stager = pool, stager
-        self._dropped.update(dropped)
-        self.checks.update(checks)
-        self._pending.difference_update(graphs)
+        done = capture_buckets(self.forward, self.buffers, buckets, pool=self.pool,
+                               static=None if largest is None else largest[1], verify=self.verify,
+                               after_stage=self.after_stage, progress=self.progress, rank0=self.is_rank0)
+        self.capture_seconds += done.seconds
+        self.capture_bytes += done.bytes
+        self._graphs.update(done.graphs)
+        self.pool, self._stager = done.pool, done.stager
+        self._dropped.update(done.dropped)
+        self.checks.update(done.checks)
+        self._pending.difference_update(done.graphs)
         self._routes()
-        (log.info if self.is_rank0 else log.debug)(
-            "slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s (%.3f s a bucket), %.1f MiB of GPU "
-            "memory", len(graphs), min(graphs), max(graphs), seconds, seconds / len(graphs), grown / 2**20)
-        for b, why in sorted(dropped.items()):
-            (log.warning if self.is_rank0 else log.debug)(
-                "slabstage: the %d-token bucket runs eagerly: its replay %s the eager forward (%s)", b, _WORDS[why],
-                checks[b]["detail"])
-
-    def _capture_one(self, stager: Stager, bucket: int, pool, static):
-        """Warm up, then capture one bucket: ``(graph, its outputs, probe, eager outputs, eager µs)``, the last
-        two from a timed eager run after the warm-up (None without ``verify``)."""
-        views = self.registry.views(bucket)
-        probe = _probe(self.buffers, bucket)
-        eager_out = eager_us = None
-        for timed in (False, True) if self.verify != "off" else (False,):
-            checked = stager.prepare(probe, bucket)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            stager.launch(checked, bucket)
-            out = self.forward(views)  # the warm-up: lazy set-up and autotuning stay out of the graph
-            end.record()
-            if timed:
-                end.synchronize()
-                eager_out, eager_us = _rows(out, bucket, True), start.elapsed_time(end) * 1e3
-        graph = torch.cuda.CUDAGraph()
-        graph.capture_begin(pool=pool)
-        try:
-            if self.after_stage is None:  # (else staging runs before the graph, after_stage between them)
-                stager.record(bucket)
-            out = self.forward(views)
-            if static is not None:  # smaller buckets write into the largest one's output storage
-                out = _into_static(out, static)
-        except BaseException:
-            try:  # end the capture, but report forward's error, not capture_end's echo of it
-                graph.capture_end()
-            except Exception:
-                _reset_capture_state(self.buffers.device)
-            raise
-        graph.capture_end()
-        _rows(out, 0, False)  # the output's structure is checked now, not at replay
-        return graph, out, probe, eager_out, eager_us
-
-    def _check_one(self, stager: Stager, bucket: int, graph, out, probe, eager_out, eager_us: float) -> dict:
-        """Replay ``graph`` on the capture's inputs: equal bit for bit to the eager outputs, and no slower
-        (a second replay is timed when the first looks slower: it may have paid for uploading the graph)."""
-        best = float("inf")
-        for _ in range(2):
-            checked = stager.prepare(probe, bucket)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            if self.after_stage is not None:
-                stager.launch(checked, bucket)
-            graph.replay()
-            if self.after_stage is None:
-                stager.replayed()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) * 1e3)
-            if best <= eager_us:
-                break
-        same, diff = _same(_rows(out, bucket, False), eager_out)
-        slower = best > eager_us * 1.02 + 2.0  # (2% and 2 µs: the timers' own spread)
-        dropped = REPLAY_DIFFERS if not same else (REPLAY_SLOWER if slower else None)
-        detail = (f"max |replay - eager| = {diff:.3g}" if not same else
-                  f"replay {best:.1f} µs, eager {eager_us:.1f} µs")
-        return dict(equal=same, max_abs_diff=diff, replay_us=best, eager_us=eager_us, dropped=dropped,
-                    detail=detail)
-
-    def _restore(self, kept: dict) -> None:
-        for name, t in kept.items():
-            self.registry[name].copy_(t)
 
     def reset(self) -> None:
         """Drop the graphs and unfreeze the registry (slots may then be replaced)."""
@@ -405,14 +209,13 @@ class PrefillGraphRunner:
 
     def _say(self, why: str) -> None:
         """Log once why the runner runs eagerly, the first time each reason comes up."""
-        if why in self._said or why not in (NO_CUDA, ENFORCE_EAGER, NOT_CAPTURED):
+        if why in self._said:
             return
         self._said.add(why)
-        words = {NO_CUDA: "no CUDA device" if not torch.cuda.is_available() else f"buffers on {self.buffers.device}",
-                 ENFORCE_EAGER: "enforce_eager=True",
-                 NOT_CAPTURED: "no graphs captured: capture() was not called or failed"}[why]
-        (log.warning if self.is_rank0 else log.debug)(
-            "slabstage: running prefill eagerly (%s): no CUDA graphs are captured", words)
+        words = eager_words(why, self.buffers.device)
+        if words is not None:  # (a reason of one batch, such as padding, is not logged)
+            (log.warning if self.is_rank0 else log.debug)(
+                "slabstage: running prefill eagerly (%s): no CUDA graphs are captured", words)
 
     # -- run --------------------------------------------------------------------------
     def bucket_for(self, n: int) -> int | None:
@@ -430,12 +233,7 @@ class PrefillGraphRunner:
 
     def _routes(self) -> None:
         """The route of every token count up to the largest bucket, looked up in O(1) on the hot path."""
-        route = [ABOVE_LARGEST]
-        for n in range(1, self.buckets[-1] + 1):
-            b = self.buckets[bisect.bisect_left(self.buckets, n)]
-            route.append(PADDING if b > n * self._ratio else
-                         CAPTURING if b in self._pending else self._dropped.get(b, b))
-        self._route = route
+        self._route = route_table(self.buckets, self._ratio, self._pending, self._dropped)
         self._views.clear()  # a view belongs to the bucket its n replayed in
 
     def stats(self) -> dict:
@@ -481,11 +279,11 @@ class PrefillGraphRunner:
             with nvtx_range("slabstage.eager"):
                 out = self.forward(self.registry.views(n))
             if route == CAPTURING:  # (the capture's warm-up may write where the forward's outputs live)
-                out = _rows(out, n, True)
+                out = first_rows(out, n, True)
                 need = self.buckets[bisect.bisect_left(self.buckets, n)]
                 self._capture_buckets(sorted({self.buckets[-1], need} & self._pending, reverse=True))
                 return out
-            return _rows(out, n, clone)
+            return first_rows(out, n, clone)
         self.last_bucket, self.last_fallback = route, None
         self._replays[route] = self._replays.get(route, 0) + 1
         self._padded += route - n
@@ -498,45 +296,11 @@ class PrefillGraphRunner:
         finally:
             range_pop()
         if clone:
-            return _rows(out, n, True)
+            return first_rows(out, n, True)
         views = self._views.get(n)  # the same views every time: slicing costs more than the replay launch
         if views is None:
-            views = _rows(out, n, False)
+            views = first_rows(out, n, False)
             if isinstance(out, torch.Tensor) or (isinstance(out, tuple)  # a dict or list could be changed
                                                  and all(isinstance(v, torch.Tensor) for v in out)):
                 self._views[n] = views
         return views
-
-
-_WORDS = {REPLAY_DIFFERS: "differs from", REPLAY_SLOWER: "is slower than"}
-
-
-def _same(a: Any, b: Any) -> tuple[bool, float]:
-    """Whether two outputs (tensors or containers of them) are equal bit for bit, and their largest difference."""
-    if isinstance(a, torch.Tensor):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False, float("inf")
-        same = torch.equal(_bits(a), _bits(b))  # (NaN equals NaN, -0.0 differs from 0.0: bit for bit)
-        diff = 0.0 if same else (a.double() - b.double()).abs().nan_to_num(float("inf")).max().item()
-        return same, diff
-    pairs = zip(a.values(), b.values()) if isinstance(a, dict) else zip(a, b)
-    results = [_same(x, y) for x, y in pairs]
-    return all(r[0] for r in results), max([r[1] for r in results], default=0.0)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    if not t.dtype.is_floating_point or not t.dim():
-        return t
-    return t.contiguous().view(torch.uint8)
-
-
-def _reset_capture_state(device: torch.device) -> None:
-    """After a capture that could not end cleanly, capture and drop an empty graph: the CUDA random
-    generators then leave capture mode (otherwise the next random op outside a graph fails)."""
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=_capture_stream(device)):
-            pass
-        del graph
-    except Exception:  # noqa: BLE001 - nothing more to do; the error that got here is reported
-        pass

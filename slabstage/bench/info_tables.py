@@ -1,0 +1,145 @@
+"""Tables of the figures a benchmark keeps in its ``extra_info`` when its own timing is a worker process's wall
+time (a capture in a fresh process, say), so that a row of that timing would say nothing.
+
+- ``metric == "capture"`` with ``bytes_all`` (bench_graph_runner.py's ``test_capture``): the ladder's capture
+  cost against the largest bucket alone;
+- ``metric == "replay"`` (bench_replay.py): per case, the capture and its check; per case and size, replay
+  against eager; and where a replay step's wall time goes (its kernels against the rest).
+"""
+
+from __future__ import annotations
+
+from .tables import fmt_us
+
+__all__ = ["info_tables"]
+
+
+def info_tables(data: dict) -> tuple[list[str], set[str]]:
+    """The markdown lines of these tables, and the metrics they stand for (not to be tabulated again)."""
+    lines, covered = [], set()
+    capture = _capture_lines(data)
+    if capture:
+        lines += capture
+        covered.add("capture")
+    replay = _replay_lines([b.get("extra_info") or {} for b in data.get("benchmarks", [])
+                            if (b.get("extra_info") or {}).get("metric") == "replay"])
+    if replay:
+        lines += replay
+        covered.add("replay")
+    return lines, covered
+
+
+def _capture_lines(data: dict) -> list[str]:
+    """The capture benchmark's cost (its ``extra_info``), when the suite has one."""
+    out = []
+    for b in data.get("benchmarks", []):
+        info = b.get("extra_info") or {}
+        if info.get("metric") != "capture" or "bytes_all" not in info:
+            continue
+        mib = 2**20
+        fresh = " (each capture in a fresh process)" if "pool_bytes_all" in info else ""
+        out += [f"## Capture cost{fresh}", "",
+                "| | ladder | largest bucket alone | ratio |", "| --- | ---: | ---: | ---: |",
+                f"| buckets | {info['buckets']} | 1 | |",
+                f"| seconds | {info['capture_s']:.2f} ({info['s_per_bucket']:.3f} per bucket) | "
+                f"{info['largest_alone_s']:.2f} | |",
+                f"| reserved memory growth | {info['bytes_all'] / mib:.0f} MiB | {info['bytes_largest'] / mib:.0f} MiB"
+                f" | {info['memory_ratio']:.2f}x |"]
+        if "pool_bytes_all" in info:
+            out.append(f"| graph pool | {info['pool_bytes_all'] / mib:.0f} MiB | "
+                       f"{info['pool_bytes_largest'] / mib:.0f} MiB | {info['pool_ratio']:.2f}x |")
+        out.append("")
+    return out
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _head(cells, align: str) -> list[str]:
+    """A table's header: ``align`` has an ``l`` (text) or ``r`` (a figure) per column."""
+    return [_row(cells), _row("---" if a == "l" else "---:" for a in align)]
+
+
+def _buckets(buckets: list[int]) -> str:
+    buckets = sorted(buckets)
+    return ", ".join(map(str, buckets)) if len(buckets) <= 4 else f"{buckets[0]}..{buckets[-1]}"
+
+
+def _dropped(dropped: dict) -> str:
+    """``{bucket: reason}`` as ``reason xN (buckets)`` per reason, or ``none``."""
+    by_reason: dict[str, list[int]] = {}
+    for bucket, why in dropped.items():
+        by_reason.setdefault(why, []).append(int(bucket))
+    return "; ".join(f"{why} x{len(b)} ({_buckets(b)})" for why, b in sorted(by_reason.items())) or "none"
+
+
+def _opt_us(x) -> str:
+    return fmt_us(x) if x is not None else "–"
+
+
+def _kernels(profile: dict) -> str:
+    """``kernel time (count)`` of one profiled step, or ``–`` where the profile holds no kernel."""
+    return f"{fmt_us(profile['kernel_us'])} ({profile['kernels']})" if profile.get("kernels") else "–"
+
+
+def _replay_lines(cases: list[dict]) -> list[str]:
+    """bench_replay.py's tables, one row per case (its ``impl``) or per case and size."""
+    if not cases:
+        return []
+    return [*_replay_capture(cases), *_replay_steps(cases), *_replay_profile(cases),
+            "ran as: the bucket the replay step ran in, or why it ran eagerly (a bucket the capture check dropped "
+            "runs eagerly). host left: the replay step's wall time less its kernels' device time: staging on the "
+            "host, the launch, the copy of the batch's block, the sync.", ""]
+
+
+def _replay_capture(cases: list[dict]) -> list[str]:
+    out = ["## Replay against eager: capture (each case in a fresh process, the largest bucket alone in another)",
+           "", *_head(["case", "buckets", "capture s (a bucket)", "capture MiB", "largest bucket alone", "ratio",
+                       "dropped by the capture check", "runs: replayed / eager (reason: runs)"], "lrrrrrll")]
+    for c in cases:
+        ratio = c.get("mib_vs_largest_alone")
+        stats = c.get("stats") or {}
+        eager = ", ".join(f"{why}: {k}" for why, k in sorted((stats.get("eager") or {}).items())) or "none"
+        alone = c.get("largest_alone_mib")
+        dropped = (f"capture failed: {c['capture_error'][:160]}" if c.get("capture_error")
+                   else _dropped(c.get("dropped") or {}))
+        out.append(_row([c["impl"], c["buckets"], f"{c['capture_s']:.2f} ({c['capture_s_per_bucket']:.3f})",
+                         f"{c['capture_mib']:.0f}", f"{alone:.0f} MiB" if alone is not None else "–",
+                         f"{ratio:.2f}x" if ratio is not None else "–", dropped.replace("|", "/"),
+                         f"{sum((stats.get('replays') or {}).values())} / {eager}"]))
+    return out + [""]
+
+
+def _replay_steps(cases: list[dict]) -> list[str]:
+    out = [f"## Replay against eager: wall time a step (perf_counter around `run()` and a device sync; "
+           f"{cases[0].get('rounds', '?')} rounds, replay and eager alternated)", "",
+           *_head(["case", "tokens", "replay min", "replay median", "eager min", "eager median",
+                   "replay / eager (median)", "bit-equal (max abs diff)", "ran as"], "lrrrrrrll")]
+    for c in cases:
+        for s in c.get("sizes", []):
+            tokens = f"{s['tokens']}" + (f" (bucket {s['bucket']})" if s.get("bucket") not in (None, s["tokens"])
+                                         else "")
+            equal = "yes" if s["equal"] else f"no ({s['max_abs_diff']:.3g})"
+            ran_as = f"bucket {s['ran_as']}" if isinstance(s["ran_as"], int) else f"eager: {s['ran_as']}"
+            out.append(_row([c["impl"], tokens, fmt_us(s["replay_min_us"]), fmt_us(s["replay_median_us"]),
+                             fmt_us(s["eager_min_us"]), fmt_us(s["eager_median_us"]), f"{s['ratio_median']:.2f}",
+                             equal, ran_as]))
+    return out + [""]
+
+
+def _replay_profile(cases: list[dict]) -> list[str]:
+    out = [f"## Where a step's wall time goes (torch.profiler, CUDA activity, median of "
+           f"{cases[0].get('profiled_steps', '?')} steps; wall: the median above)", "",
+           *_head(["case", "tokens", "replay wall", "its kernels (count)", "its copies", "wall - kernels (host left)",
+                   "kernels / wall", "eager wall", "its kernels (count)"], "lrrrrrrrr")]
+    for c in cases:
+        for s in c.get("sizes", []):
+            profile = s.get("profile") or {}
+            rp, ep = profile.get("replay") or {}, profile.get("eager") or {}
+            share = rp["kernel_us"] / s["replay_median_us"] if rp.get("kernels") else None
+            out.append(_row([c["impl"], s["tokens"], fmt_us(s["replay_median_us"]), _kernels(rp),
+                             _opt_us(rp.get("copy_us")) if rp.get("kernels") else "–",
+                             _opt_us(s.get("host_overhead_us")), f"{share:.0%}" if share is not None else "–",
+                             fmt_us(s["eager_median_us"]), _kernels(ep)]))
+    return out + [""]

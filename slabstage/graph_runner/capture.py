@@ -1,0 +1,238 @@
+"""Capture buckets into one graph pool, and check each replay against the eager forward (``verify``).
+
+:func:`capture_buckets` is what :meth:`PrefillGraphRunner.capture` (and, with ``lazy=True``, the first batch
+that needs a bucket) runs; the runner keeps the :class:`Captured` it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..kernels.launch import Stager
+from ..staging.buffers import StagingBuffers
+from .batch import PrefillBatch
+from .nvtx import nvtx_range
+from .outputs import bit_equal, first_rows, into_static
+from .routes import DROPPED_WORDS, REPLAY_DIFFERS, REPLAY_SLOWER
+
+__all__ = ["CaptureError", "Captured", "VERIFY", "capture_buckets"]
+
+log = logging.getLogger("slabstage")
+
+VERIFY = ("warn", "strict", "off")
+
+
+class CaptureError(RuntimeError):
+    """``forward`` raised while a bucket was being captured; nothing was kept."""
+
+
+@dataclass
+class Captured:
+    """What one :func:`capture_buckets` call made.
+
+    ``graphs``: bucket -> ``(torch.cuda.CUDAGraph, its static outputs)``; ``checks``: bucket -> what the
+    check measured (empty with ``verify="off"``); ``dropped``: bucket -> the reason code of a bucket the
+    check dropped; ``pool``: the pool the graphs live in; ``stager``: the stager they were captured with
+    (its device parameter block is what a replay reads); ``seconds`` and ``bytes``: the capture's wall
+    time and the growth of the device's reserved memory over it.
+    """
+
+    graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]]
+    checks: dict[int, dict]
+    dropped: dict[int, str]
+    pool: Any
+    stager: Stager
+    seconds: float
+    bytes: int
+
+
+_CAPTURE_STREAMS: dict = {}
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every capture: cuBLAS keeps a workspace per stream it
+    has run on (32 MiB on Hopper), so a fresh stream per capture() would cost one more each time."""
+    stream = _CAPTURE_STREAMS.get(device)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is optional (extra "progress")
+        return None
+    return tqdm(total=total, desc="slabstage capture", unit="graph", leave=False)
+
+
+def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
+    """The batch staged while capturing: ``n`` text rows of a small random table, one sequence, positions
+    ``0..n-1``; what warm-up, capture and the check after it run on."""
+    slab = buffers.input_embeds
+    g = torch.Generator(device="cpu").manual_seed(n)
+    host = torch.device("cpu")  # (named: a caller's default device has no say)
+    positions = torch.arange(n, device=host)
+    return PrefillBatch(input_ids=torch.randint(0, 16, (n,), generator=g, device=host), positions=positions,
+                        table=torch.randn(16, slab.shape[1], generator=g, device=host).to(buffers.device, slab.dtype),
+                        mrope_positions=positions.expand(3, n) if buffers.mrope_positions is not None else None,
+                        seq_lens=torch.tensor([n], dtype=torch.int32, device=host),
+                        extend_start_loc=torch.zeros(1, dtype=torch.int32, device=host))
+
+
+def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buckets: list, *, pool, static,
+                    verify: str, after_stage, progress: bool, rank0: bool) -> Captured:
+    """Capture and check ``buckets`` (the largest bucket among them first, or captured already) into ``pool``.
+
+    ``pool`` is None for a new private pool (the first graph's); ``static`` is the largest bucket's outputs
+    when that bucket is captured already (the graphs of smaller buckets copy their rows into them), else None.
+    ``verify`` and ``after_stage`` as :class:`PrefillGraphRunner` takes them. Every buffer is as it was when
+    this returns or raises; on an error no graph is kept and :class:`CaptureError` is raised. Logs the capture
+    (at info on rank 0, ``rank0``) and each bucket the check dropped (a warning on rank 0).
+    """
+    device = buffers.device
+    registry = buffers.registry
+    stager = Stager.for_buffers(buffers, embed=True)
+    torch.cuda.synchronize(device)
+    kept = {name: registry[name].to("cpu", copy=True) for name in registry}  # put back after
+    torch.cuda.empty_cache()  # what the caching allocator holds unused would blur the memory measure
+    reserved0 = torch.cuda.memory_reserved(device)
+    start = time.perf_counter()
+    graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
+    bar = _progress(len(buckets), progress)
+    stream = _capture_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    bucket = None
+    checks, dropped = {}, {}
+    try:
+        with torch.cuda.stream(stream), nvtx_range("slabstage.capture"):
+            for bucket in buckets:
+                graph, out, probe, eager_out, eager_us = _capture_one(forward, buffers, stager, bucket, pool, static,
+                                                                      verify, after_stage)
+                pool = graph.pool() if pool is None else pool
+                graphs[bucket] = (graph, out)
+                if static is None:  # every smaller graph copies its rows into these
+                    static = out
+                if verify != "off":
+                    checks[bucket] = _check_one(stager, bucket, graph, out, probe, eager_out, eager_us, after_stage)
+                    why = checks[bucket]["dropped"]
+                    if why is not None:
+                        if verify == "strict":
+                            raise CaptureError(f"the {bucket}-token bucket's replay {DROPPED_WORDS[why]} the eager "
+                                               f"forward ({checks[bucket]['detail']})")
+                        dropped[bucket] = why
+                if bar is not None:
+                    bar.update(1)
+    except Exception as e:
+        graphs.clear()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        torch.cuda.synchronize(device)
+        _restore(buffers, kept)
+        if isinstance(e, CaptureError):
+            raise
+        raise CaptureError(f"forward raised while capturing the {bucket}-token bucket: {e!r}; "
+                           f"no graph was kept, capture() can be called again") from e
+    finally:
+        if bar is not None:
+            bar.close()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    _restore(buffers, kept)
+    torch.cuda.empty_cache()  # warm-up blocks go back; what stays reserved is the graphs' pool
+    seconds, grown = time.perf_counter() - start, torch.cuda.memory_reserved(device) - reserved0
+    (log.info if rank0 else log.debug)(
+        "slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s (%.3f s a bucket), %.1f MiB of GPU "
+        "memory", len(graphs), min(graphs), max(graphs), seconds, seconds / len(graphs), grown / 2**20)
+    for b, why in sorted(dropped.items()):
+        (log.warning if rank0 else log.debug)(
+            "slabstage: the %d-token bucket runs eagerly: its replay %s the eager forward (%s)", b,
+            DROPPED_WORDS[why], checks[b]["detail"])
+    return Captured(graphs=graphs, checks=checks, dropped=dropped, pool=pool, stager=stager, seconds=seconds,
+                    bytes=grown)
+
+
+def _capture_one(forward, buffers: StagingBuffers, stager: Stager, bucket: int, pool, static, verify: str,
+                 after_stage):
+    """Warm up, then capture one bucket: ``(graph, its outputs, probe, eager outputs, eager µs)``, the last
+    two from a timed eager run after the warm-up (None without ``verify``)."""
+    views = buffers.registry.views(bucket)
+    probe = _probe(buffers, bucket)
+    eager_out = eager_us = None
+    for timed in (False, True) if verify != "off" else (False,):
+        checked = stager.prepare(probe, bucket)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        stager.launch(checked, bucket)
+        out = forward(views)  # the warm-up: lazy set-up and autotuning stay out of the graph
+        end.record()
+        if timed:
+            end.synchronize()
+            eager_out, eager_us = first_rows(out, bucket, True), start.elapsed_time(end) * 1e3
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin(pool=pool)
+    try:
+        if after_stage is None:  # (else staging runs before the graph, after_stage between them)
+            stager.record(bucket)
+        out = forward(views)
+        if static is not None:  # smaller buckets write into the largest one's output storage
+            out = into_static(out, static)
+    except BaseException:
+        try:  # end the capture, but report forward's error, not capture_end's echo of it
+            graph.capture_end()
+        except Exception:
+            _reset_capture_state(buffers.device)
+        raise
+    graph.capture_end()
+    first_rows(out, 0, False)  # the output's structure is checked now, not at replay
+    return graph, out, probe, eager_out, eager_us
+
+
+def _check_one(stager: Stager, bucket: int, graph, out, probe, eager_out, eager_us: float, after_stage) -> dict:
+    """Replay ``graph`` on the capture's inputs: equal bit for bit to the eager outputs, and no slower
+    (a second replay is timed when the first looks slower: it may have paid for uploading the graph)."""
+    best = float("inf")
+    for _ in range(2):
+        checked = stager.prepare(probe, bucket)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        if after_stage is not None:
+            stager.launch(checked, bucket)
+        graph.replay()
+        if after_stage is None:
+            stager.replayed()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3)
+        if best <= eager_us:
+            break
+    same, diff = bit_equal(first_rows(out, bucket, False), eager_out)
+    slower = best > eager_us * 1.02 + 2.0  # (2% and 2 µs: the timers' own spread)
+    dropped = REPLAY_DIFFERS if not same else (REPLAY_SLOWER if slower else None)
+    detail = (f"max |replay - eager| = {diff:.3g}" if not same else
+              f"replay {best:.1f} µs, eager {eager_us:.1f} µs")
+    return dict(equal=same, max_abs_diff=diff, replay_us=best, eager_us=eager_us, dropped=dropped,
+                detail=detail)
+
+
+def _restore(buffers: StagingBuffers, kept: dict) -> None:
+    for name, t in kept.items():
+        buffers.registry[name].copy_(t)
+
+
+def _reset_capture_state(device: torch.device) -> None:
+    """After a capture that could not end cleanly, capture and drop an empty graph: the CUDA random
+    generators then leave capture mode (otherwise the next random op outside a graph fails)."""
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=_capture_stream(device)):
+            pass
+        del graph
+    except Exception:  # noqa: BLE001 - nothing more to do; the error that got here is reported
+        pass
