@@ -1,4 +1,4 @@
-"""``python -m slabstage demo [options]`` (also the ``slabstage`` console script): see slabstage/demo.py.
+"""``python -m slabstage demo [options]`` (also the ``slabstage`` console script): see slabstage/demo/.
 
 Without a CUDA device the demo runs slabstage's Triton kernels under Triton's
 interpreter. The kernels read ``TRITON_INTERPRET`` when they are defined, which

@@ -12,6 +12,7 @@ import torch
 
 from slabstage import __main__ as cli
 from slabstage import demo
+from slabstage.demo import run as demo_run
 from slabstage.models import ToyMultimodalModel
 
 HAS_CUDA = torch.cuda.is_available()
@@ -37,7 +38,7 @@ def test_cpu_shows_no_replay_columns_or_times(capsys):
     out = capsys.readouterr().out
     assert "graphs: none, CUDA graphs need a GPU" in out
     header = next(line for line in out.splitlines() if line.strip().startswith("# tokens"))
-    assert header.split() == ["#", "tokens", "seqs", "media", "slab", "output"]
+    assert header.split() == ["#", "tokens", "seqs", "images", "media", "slab", "output"]
     for word in ("stage us", "replay", "run us", "graph ", "kind", "capture:"):
         assert word not in out
 
@@ -58,15 +59,30 @@ def test_reference_merge_is_plain_torch_and_ignores_media_index():
     assert embeds.shape == (24, model.embed_width) and not embeds[20:].any()
     assert not ref["positions"][20:].any() and torch.equal(ref["positions"][:20], batch.positions)
     media_rows = (batch.input_ids == model.media_token_id).nonzero().flatten().tolist()
-    assert len(media_rows) == batch.media.shape[0] > 0
+    rows = [row for item in batch.media for row in item]  # the items' rows end to end
+    assert len(media_rows) == len(rows) > 0
     for k, r in enumerate(media_rows):
-        assert torch.equal(embeds[r], batch.media[k])
+        assert torch.equal(embeds[r], rows[k])
     for r in set(range(20)) - set(media_rows):
         H = model.hidden_size
         assert torch.equal(embeds[r, :H], model.embed_tokens.weight[batch.input_ids[r]])
         assert not embeds[r, H:].any()  # DeepStack blocks: zeros on text rows
     batch.media_index = None  # the merge reads the placeholder tokens, not media_index
     assert torch.equal(demo.reference_merge(model, batch, pad_to=24)["input_embeds"], embeds)
+
+
+def test_build_batch_gives_media_as_a_list_of_one_tensor_per_image():
+    model = ToyMultimodalModel("deepstack", hidden_size=32, num_heads=2, vocab_size=50, seed=3)
+    batch = demo.build_batch(model, 40, num_seqs=4, media_fraction=0.5, g=torch.Generator().manual_seed(0))
+    assert isinstance(batch.media, list) and len(batch.media) == 4  # every sequence holds an image here
+    starts = batch.extend_start_loc.tolist()
+    ends = [*starts[1:], 40]
+    for item, start, end in zip(batch.media, starts, ends):  # one item per image, in token order
+        assert isinstance(item, torch.Tensor) and item.dim() == 2 and item.shape[1] == model.media_width
+        placeholders = int((batch.input_ids[start:end] == model.media_token_id).sum())
+        assert item.shape[0] == placeholders > 0
+    no_images = demo.build_batch(model, 10, num_seqs=2, media_fraction=0.0, g=torch.Generator().manual_seed(0))
+    assert no_images.media is None and no_images.media_index is None
 
 
 def test_reference_merge_repeats_for_hyper_connections():
@@ -88,21 +104,21 @@ def test_a_wrong_staging_fails_the_demo(capsys, monkeypatch):
 
     def shifted(model, n, **kw):
         batch = build(model, n, **kw)
-        if batch.media is not None and batch.media.shape[0] > 1:
+        if batch.media is not None and sum(item.shape[0] for item in batch.media) > 1:
             index = batch.media_index.clone()
             media = index >= 0
             index[media] = index[media].roll(1)
             batch.media_index = index
         return batch
 
-    monkeypatch.setattr(demo, "build_batch", shifted)
+    monkeypatch.setattr(demo_run, "build_batch", shifted)
     assert demo.main(["--variant", "hc", "--steps", "3", "--device", "cpu", "--max-tokens", "40", "--seed", "2"]) == 1
     out = capsys.readouterr().out
     assert "NO" in out and "demo: FAILED:" in out
 
 
 def test_an_output_mismatch_fails_the_demo(capsys, monkeypatch):
-    monkeypatch.setattr(demo, "outputs_match", lambda out, ref: False)
+    monkeypatch.setattr(demo_run, "outputs_match", lambda out, ref: False)
     assert demo.main(["--variant", "plain", "--steps", "2", "--device", "cpu", "--max-tokens", "32"]) == 1
     out = capsys.readouterr().out
     assert "yes   NO" in out and "demo: FAILED: 2 of 2 batches differ" in out
@@ -151,7 +167,7 @@ def test_plan_sizes_cycles_through_the_kinds():
     assert len(plan) == 12
     assert {kind for kind, _ in plan} == {"between", "exact", "pad>ratio", "beyond"}
     for kind, n in plan:
-        assert demo._kind(n, buckets, 1.5) == kind and 1 <= n <= 64
+        assert demo_run._kind(n, buckets, 1.5) == kind and 1 <= n <= 64
 
 
 def test_the_command_restarts_under_the_interpreter_only_when_needed(monkeypatch):

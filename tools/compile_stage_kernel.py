@@ -14,6 +14,7 @@ the kernel's bandwidth (see the kernel's docstring). tests/test_stage_kernel_cod
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -71,6 +72,9 @@ def registers(ptx: str) -> int | None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description="Compile the staging kernel for sm_90 (no GPU needed) and print its global "
+                                        "loads by width and its registers: one JSON line per slab "
+                                        "configuration.").parse_args()
     for width, slab in ((4096, "bf16"), (8192, "bf16"), (4096, "fp32")):
         print(json.dumps(load_counts(width, slab)))
     sys.exit(0)

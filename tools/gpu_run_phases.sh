@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call's worth of GPU work, by phase: tests soak sanitize tp bench profile.
+# One device call's worth of GPU work, by phase (tools/README.md lists them):
 #   bash tools/gpu_run_phases.sh tests sanitize soak     (results under $OUT, or /tmp/slabstage-gpu)
-# Prints a short summary last; full logs go to $OUT/logs.tgz.
+# Each phase logs to $OUT/$TAG/<phase>.log (TAG default: logs), packed into $OUT/$TAG.tgz; prints
+# the machine and one summary line per phase last.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/slabstage-gpu}
@@ -17,28 +18,15 @@ run() {  # name, command...
   summary+=("$name rc=$rc $((SECONDS - t0))s :: $(grep -E 'passed|failed|error|ERROR SUMMARY|OK|Error' "$LOG/$name.log" | tail -2 | tr '\n' ' ' | cut -c1-220)")
 }
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
+  python3 -c "import platform, torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'python', platform.python_version(), 'gpus', torch.cuda.device_count())"
+  python3 -c "import transformers; print('transformers', transformers.__version__)" 2>/dev/null || echo "transformers: not installed"
   date -u; } >"$LOG/machine.txt" 2>&1
 for phase in "$@"; do
   case $phase in
     tests) run tests python3 -m pytest tests -q -m "not slow" -p no:cacheprovider -rfEs --junitxml="$LOG/junit.xml" ;;
     soak) SLABSTAGE_SOAK_STEPS=${SOAK_STEPS:-10000} SLABSTAGE_SOAK_OUT=$LOG/soak.json \
             run soak python3 -m pytest tests/test_soak.py -m slow -q -p no:cacheprovider -rfEs ;;
-    sanitize)
-      run sanitize_warm python3 tools/sanitize_workload.py  # fills Triton's compile cache outside the sanitizer
-      run memcheck compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 python3 tools/sanitize_workload.py
-      PYTORCH_NO_CUDA_MEMORY_CACHING=1 run memcheck_nocache compute-sanitizer --tool memcheck --error-exitcode 1 \
-        --print-limit 20 python3 tools/sanitize_workload.py
-      run racecheck compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 python3 tools/sanitize_workload.py ;;
-    memcheck)  # memcheck alone, caching allocator on (the graph path)
-      run sanitize_warm python3 tools/sanitize_workload.py
-      run memcheck compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 python3 tools/sanitize_workload.py ;;
-    racecheck_ours)  # slabstage's kernels only (the toy model's cuDNN attention is third party)
-      run sanitize_warm python3 tools/sanitize_workload.py
-      run racecheck_stage compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
-        --kernel-regex kns=stage_kernel python3 tools/sanitize_workload.py
-      run racecheck_media compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
-        --kernel-regex kns=_media_index python3 tools/sanitize_workload.py ;;
+    sanitize) run sanitize bash tools/gpu_sanitize.sh "$LOG/sanitizer" ;;  # native, memcheck (twice), racecheck
     bench_runner) run bench_runner python3 -m slabstage.bench run --results bench/results --suite graph_runner ;;
     tp) run tp_tests python3 -m pytest tests/test_tp.py -q -p no:cacheprovider -rfEs -m multigpu
         run tp_bench python3 bench/bench_tp.py ;;
@@ -50,6 +38,7 @@ for phase in "$@"; do
     quick) run quick python3 -m pytest tests/test_graph_runner.py tests/test_stage_batch.py \
              tests/test_profile_ranges.py -q -p no:cacheprovider -rfEs ;;
     probe_mem) run probe_mem python3 tools/probe_capture_memory.py --json "$LOG/probe_mem.json" ;;
+    *) summary+=("$phase: unknown phase") ;;
   esac
 done
 cp -r bench/results "$LOG/results" 2>/dev/null
