@@ -6,9 +6,9 @@ See README.md for the contract, the kernels and the graph runner.
 __version__ = "0.1.0"
 
 
-from .kernels import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, VALUE_OUT_OF_RANGE, StagingError,
-                      media_index_from_mask, media_index_from_spans, new_error_word, raise_if_errors, reset_errors,
-                      stage_embeddings, stage_token_inputs)
+from .kernels import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, VALUE_OUT_OF_RANGE, MropeLayout,
+                      StagingError, media_index_from_mask, media_index_from_spans, new_error_word, raise_if_errors,
+                      reset_errors, stage_embeddings, stage_token_inputs)
 from . import ops  # noqa: F401  registers torch.ops.slabstage.*
 from .distributed import SlabAllReduce, all_reduce_in_forward, vocab_parallel_args, vocab_shard
 from .graph_runner import CaptureError, PrefillBatch, PrefillGraphRunner, default_token_buckets
@@ -22,6 +22,7 @@ __all__ = [
     "BufferRegistry",
     "CaptureError",
     "MEDIA_COUNT_MISMATCH",
+    "MropeLayout",
     "PrefillBatch",
     "PrefillGraphRunner",
     "RegistryMismatchError",

@@ -43,6 +43,8 @@ class NotAnIntError(TypeError, ValueError):
 
 def is_int(v: object) -> bool:
     """An integer that is not a bool (Python ints, numpy integers, ...)."""
+    if type(v) is int:
+        return True
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 

@@ -189,10 +189,11 @@ def test_10_ids_of_two_prompts_are_refused(models, family):
     one = sshf.pack_requests(model, [sshf.Request(ids[None], **media)])  # [1, L] is one prompt
     assert torch.equal(one.input_ids, ids)
     if media:  # a request's own mrope positions are the whole prompt's
+        whole = sshf.mrope_positions(model, ids, media["image_grid_thw"])
         with pytest.raises(ValueError, match=rf"mrope_positions must be the whole prompt's \[3, {ids.shape[0]}\]"):
-            sshf.pack_requests(model, [sshf.Request(ids, **media, mrope_positions=one.mrope_positions[:, 1:])])
+            sshf.pack_requests(model, [sshf.Request(ids, **media, mrope_positions=whole[:, 1:])])
         with pytest.raises(TypeError, match="mrope_positions must be an integer tensor"):
-            sshf.pack_requests(model, [sshf.Request(ids, **media, mrope_positions=one.mrope_positions.float())])
+            sshf.pack_requests(model, [sshf.Request(ids, **media, mrope_positions=whole.float())])
 
 
 def test_10_ids_that_are_not_integers_are_refused(models):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import operator
 from typing import Sequence
 
+import numpy as np
 import torch
 
 __all__ = ["as_prompt_ids", "check_grid", "check_chunk", "check_items", "check_mrope", "check_placeholders",
@@ -86,27 +87,33 @@ def check_chunk(chunk, length: int, where: str) -> tuple[int, int]:
     return start, end
 
 
-def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
-    """Maximal runs of True in ``mask`` as ``(start, end)``, as HF groups placeholder tokens."""
-    edge = torch.zeros(1, dtype=torch.int8, device=mask.device)
-    padded = torch.cat([edge, mask.to(torch.int8), edge])
-    edges = (padded[1:] - padded[:-1]).nonzero().flatten().tolist()
-    return list(zip(edges[0::2], edges[1::2]))
+def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Maximal runs of True in ``mask`` as ``(starts, ends)``, as HF groups placeholder tokens."""
+    at = np.flatnonzero(mask)
+    if not at.size:
+        return at, at
+    gaps = np.flatnonzero(at[1:] != at[:-1] + 1)
+    return at[np.concatenate(([0], gaps + 1))], at[np.concatenate((gaps, [at.size - 1]))] + 1
 
 
-def check_placeholders(ids: torch.Tensor, config, image_grid, video_grid, where: str, merge: int,
-                       frames: bool) -> None:
+def check_placeholders(ids: torch.Tensor, tokens: tuple[int, int], image_grid, video_grid, where: str, merge: int,
+                       frames: bool) -> list[tuple[int, int, int]]:
     """Each maximal run of image (video) placeholder tokens in ``ids`` holds the rows of the next grid row,
-    in order, and every grid row has its run. ``frames``: a video's run is one frame (Qwen3-VL), so a video
-    ``(t, h, w)`` takes ``t`` runs of ``h * w // merge**2``; else one run of ``t * h * w // merge**2``."""
-    for token, grid, name, what in ((config.image_token_id, image_grid, "image_grid_thw", "image"),
-                                    (config.video_token_id, video_grid, "video_grid_thw", "video")):
-        runs = _runs(ids == token)
+    in order, and every grid row has its run (``tokens``: the image and video placeholder ids). ``frames``: a video's run is one frame (Qwen3-VL), so a video
+    ``(t, h, w)`` takes ``t`` runs of ``h * w // merge**2``; else one run of ``t * h * w // merge**2``.
+
+    Returns the runs in prompt order as ``(start, kind, grid row)``, kind 1 an image and 2 a video (one run a
+    frame when ``frames``). Vectorised: the host touches each token in a few numpy passes, no Python loop."""
+    values = ids.numpy()
+    runs_out = []
+    for kind, token, grid, name, what in ((1, tokens[0], image_grid, "image_grid_thw", "image"),
+                                          (2, tokens[1], video_grid, "video_grid_thw", "video")):
+        starts, ends = _runs(values == token)
         if grid is None:
-            if runs:
-                count = sum(e - s for s, e in runs)
-                raise ValueError(f"{where} input_ids hold {count} {what} placeholder tokens ({len(runs)} "
-                                 f"{what}{'s' if len(runs) > 1 else ''}) but {name} is None: give the grid")
+            if len(starts):
+                count = int((ends - starts).sum())
+                raise ValueError(f"{where} input_ids hold {count} {what} placeholder tokens ({len(starts)} "
+                                 f"{what}{'s' if len(starts) > 1 else ''}) but {name} is None: give the grid")
             continue
         want = []  # (grid row, rows of its run)
         for j, (t, h, w) in enumerate(grid.tolist()):
@@ -115,13 +122,18 @@ def check_placeholders(ids: torch.Tensor, config, image_grid, video_grid, where:
             else:
                 want.append((j, t * h * w // merge ** 2))
         unit = "frame runs" if what == "video" and frames else "runs"
-        if len(runs) != len(want):
-            raise ValueError(f"{where} input_ids hold {len(runs)} runs of {what} placeholder tokens but {name} "
+        if len(starts) != len(want):
+            raise ValueError(f"{where} input_ids hold {len(starts)} runs of {what} placeholder tokens but {name} "
                              f"({grid.shape[0]} rows) needs {len(want)} {unit}")
-        for (s, e), (j, rows) in zip(runs, want):
-            if e - s != rows:
-                raise ValueError(f"{where} the {what} placeholder run at tokens [{s}, {e}) holds {e - s} tokens "
-                                 f"but {name}[{j}] = {tuple(grid[j].tolist())} gives {rows} rows")
+        lengths = (ends - starts).tolist()
+        starts = starts.tolist()
+        for s, length, (j, rows) in zip(starts, lengths, want):
+            if length != rows:
+                raise ValueError(f"{where} the {what} placeholder run at tokens [{s}, {s + length}) holds {length} "
+                                 f"tokens but {name}[{j}] = {tuple(grid[j].tolist())} gives {rows} rows")
+            runs_out.append((s, kind, j))
+    runs_out.sort()
+    return runs_out
 
 
 def _item_rows(item, where: str, j: int) -> int:

@@ -13,6 +13,7 @@ sequences through the rotary embedding) the refusal of length-dependent rope.
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 
 from ..staging.width import WidthContractError
@@ -45,6 +46,22 @@ class Family:
     language_model: object  # the decoder: has .layers, .norm, .rotary_emb, .embed_tokens
     text_config: object
     vision_config: object | None
+
+    @functools.cached_property
+    def merge(self) -> int:
+        """The vision tower's spatial merge size (a VLM's)."""
+        return int(self.vision_config.spatial_merge_size)
+
+    @functools.cached_property
+    def placeholder_ids(self) -> tuple[int, int]:
+        """``(image_token_id, video_token_id)`` of a VLM's config."""
+        config = self.model.config
+        return config.image_token_id, config.video_token_id
+
+    @functools.cached_property
+    def tokens_per_second(self):
+        """Qwen2.5-VL's ``vision_config.tokens_per_second`` (None for every other family)."""
+        return getattr(self.vision_config, "tokens_per_second", None) if self.name == "qwen2_5_vl" else None
 
     @property
     def is_vlm(self) -> bool:
@@ -88,7 +105,25 @@ class Family:
         return min(self.deepstack_features, self.num_layers)
 
 
+_KNOWN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {entry point: Family}
+
+
 def family_of(model: object, what: str) -> Family:
+    """:func:`identify` ``model`` for the entry point ``what``, once a model and entry point (config
+    attribute reads cost microseconds each in transformers 5.x: a per-request path cannot pay them)."""
+    try:
+        known = _KNOWN.get(model)
+    except TypeError:  # not weak-referenceable or hashable: not a model; identify says what it is
+        return identify(model, what)
+    if known is not None and what in known:
+        _require_transformers(what)
+        return known[what]
+    fam = identify(model, what)
+    _KNOWN.setdefault(model, {})[what] = fam
+    return fam
+
+
+def identify(model: object, what: str) -> Family:
     """Identify ``model`` (a transformers model as loaded) or raise naming what it lacks.
 
     ``what`` is the calling entry point's name (``"pack_requests"``, ...): it prefixes the errors

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
 
+from ..kernels.mrope import MropeLayout
 from ._checks import as_prompt_ids, check_grid, check_placeholders, check_seconds
 from ._family import family_of
 
-__all__ = ["mrope_positions", "mm_token_type_ids"]
+__all__ = ["mrope_positions", "mm_token_type_ids", "rope_layout", "layout_rule"]
+
+# the get_rope_index rules slabstage follows without calling it: transformers 5.6 grouped the prompt by token
+# type (text counts on from p + max(h, w) / merge after an item); 5.18 multiplies a Qwen2.5-VL video's frame
+# index by tokens_per_second * second_per_grid_t as given (earlier: by its int())
+LAYOUT_MIN_TRANSFORMERS = (5, 6)
+FLOAT_INTERVALS_FROM = (5, 18)
 
 
 def mm_token_type_ids(model, input_ids: torch.Tensor) -> torch.Tensor:
@@ -24,15 +32,57 @@ def mm_token_type_ids(model, input_ids: torch.Tensor) -> torch.Tensor:
 def check_vlm_prompt(fam, ids: torch.Tensor, image_grid_thw, video_grid_thw, second_per_grid_ts, where: str):
     """``(image grid, video grid)`` as host ``int64[N, 3]`` (or None) once the grids, ``second_per_grid_ts``
     and the placeholders of the prompt ``ids`` agree; raises ``TypeError``/``ValueError`` naming what does not."""
-    merge = int(fam.vision_config.spatial_merge_size)
+    merge = fam.merge
     images = check_grid(image_grid_thw, "image_grid_thw", where, merge)
     videos = check_grid(video_grid_thw, "video_grid_thw", where, merge)
     if second_per_grid_ts is not None and fam.name != "qwen2_5_vl":
         raise ValueError(f"{where} {fam.name} takes no second_per_grid_ts (it is Qwen2.5-VL's)")
     check_seconds(second_per_grid_ts, videos, where)
     # Qwen3-VL parts a video's frames by timestamps: one placeholder run per frame
-    check_placeholders(ids, fam.model.config, images, videos, where, merge, frames=fam.has_deepstack)
-    return images, videos
+    runs = check_placeholders(ids, fam.placeholder_ids, images, videos, where, merge, frames=fam.has_deepstack)
+    return images, videos, runs
+
+
+@functools.lru_cache(maxsize=None)
+def layout_rule(version: str) -> str | None:
+    """Which ``get_rope_index`` rule the installed transformers follows: ``"int"`` (5.6 to 5.17: a
+    Qwen2.5-VL video's interval is ``tokens_per_second * int(second_per_grid_t)``), ``"float"`` (5.18 on: as
+    given), or None for a version whose rule :func:`rope_layout` does not reproduce (before 5.6)."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < LAYOUT_MIN_TRANSFORMERS:
+        return None
+    return "float" if (major, minor) >= FLOAT_INTERVALS_FROM else "int"
+
+
+def rope_layout(fam, runs, images, videos, second_per_grid_ts, start: int, end: int, rule: str) -> MropeLayout:
+    """The :class:`~slabstage.MropeLayout` of the chunk ``[start, end)`` of one checked prompt: its placeholder
+    ``runs`` (from :func:`check_vlm_prompt`) with their grid rows, computed as ``get_rope_index`` would under
+    ``rule`` (:func:`layout_rule`), a few operations an item."""
+    image_rows = images.tolist() if images is not None else []
+    video_rows = videos.tolist() if videos is not None else []
+    frames = fam.has_deepstack
+    tps = fam.tokens_per_second
+    starts, grids, intervals = [], [], []
+    for s, kind, j in runs:
+        starts.append(s)
+        if kind == 1:
+            grids.append(image_rows[j])
+            intervals.append(1)
+            continue
+        t, h, w = video_rows[j]
+        grids.append((1, h, w) if frames else (t, h, w))
+        if tps is None:
+            intervals.append(1)
+        elif second_per_grid_ts is None:
+            intervals.append(tps * 1)
+        elif rule == "int":
+            intervals.append(tps * int(second_per_grid_ts[j]))
+        else:
+            intervals.append(tps * second_per_grid_ts[j])  # (a tensor's element stays a tensor of its dtype)
+    return MropeLayout(end - start, starts, grids, fam.merge, intervals, start)
 
 
 def rope_index(fam, ids: torch.Tensor, images, videos, second_per_grid_ts) -> torch.Tensor:
@@ -80,5 +130,5 @@ def mrope_positions(model, input_ids: torch.Tensor, image_grid_thw=None, video_g
         raise TypeError(f"slabstage.hf.mrope_positions: {type(model).__name__} ({fam.name}) uses 1-D positions")
     where = "slabstage.hf.mrope_positions:"
     ids = as_prompt_ids(input_ids, where)
-    images, videos = check_vlm_prompt(fam, ids, image_grid_thw, video_grid_thw, second_per_grid_ts, where)
+    images, videos, _ = check_vlm_prompt(fam, ids, image_grid_thw, video_grid_thw, second_per_grid_ts, where)
     return rope_index(fam, ids, images, videos, second_per_grid_ts)

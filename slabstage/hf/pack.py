@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..graph_runner.batch import PrefillBatch
-from ..kernels.media_index import media_index_from_spans
+from ..kernels.mrope import mrope_from_segments, mrope_segments
 from ._checks import as_prompt_ids, check_chunk, check_items, check_mrope
 from ._family import family_of
-from .mrope import check_vlm_prompt, rope_index
+from .mrope import check_vlm_prompt, layout_rule, rope_index, rope_layout
 
 __all__ = ["Request", "pack_requests"]
 
@@ -43,13 +45,14 @@ class Request:
 
 @dataclass
 class _Checked:
-    """One request after its checks: host ids, its chunk, host grids and its items' rows."""
+    """One request after its checks: host ids, its chunk, host grids, its placeholder runs and items' rows."""
 
     ids: torch.Tensor
     start: int
     end: int
     images: torch.Tensor | None
     videos: torch.Tensor | None
+    runs: list
     media: Sequence
     rows: list
 
@@ -58,8 +61,8 @@ _VLM_ONLY = ("media", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", 
 
 
 def _check_request(fam, req, k: int) -> _Checked:
-    """Everything about request ``k`` that needs no rope index: ids, chunk, grids against placeholders, items
-    against grids. Raises ``TypeError``/``ValueError`` naming the request and what is wrong."""
+    """Everything about request ``k``: ids, chunk, grids against placeholders, items against grids. Raises
+    ``TypeError``/``ValueError`` naming the request and what is wrong."""
     where = f"slabstage.hf.pack_requests: request {k}:"
     if not isinstance(req, Request):
         raise TypeError(f"{where} a request must be a slabstage.hf.Request, got {type(req).__name__}")
@@ -71,42 +74,62 @@ def _check_request(fam, req, k: int) -> _Checked:
         if given:
             raise ValueError(f"{where} it gives {', '.join(given)} but {type(fam.model).__name__} ({fam.name}) is a "
                              f"text-only model: it would drop them")
-        return _Checked(ids, start, end, None, None, (), [])
-    images, videos = check_vlm_prompt(fam, ids, req.image_grid_thw, req.video_grid_thw, req.second_per_grid_ts,
-                                      where)
-    rows = check_items(media, images, videos, where, int(fam.vision_config.spatial_merge_size))
+        return _Checked(ids, start, end, None, None, [], (), [])
+    images, videos, runs = check_vlm_prompt(fam, ids, req.image_grid_thw, req.video_grid_thw,
+                                            req.second_per_grid_ts, where)
+    rows = check_items(media, images, videos, where, fam.merge)
     check_mrope(req.mrope_positions, ids.shape[0], where)
-    return _Checked(ids, start, end, images, videos, media, rows)
+    return _Checked(ids, start, end, images, videos, runs, media, rows)
 
 
 def _empty(value) -> bool:
     return isinstance(value, (list, tuple)) and not value
 
 
-def _media_source_rows(model, ids: torch.Tensor, rows: Sequence[int], num_images: int) -> torch.Tensor:
-    """``int64[L]``: for each placeholder row of the prompt, its row in the request's items laid end to end
-    (images, then videos); -1 for text rows. The checks have matched the placeholders with the items' rows."""
-    config = model.config
-    src = torch.full(ids.shape, -1, dtype=torch.int64, device="cpu")
-    offset = 0
-    for token, group in ((config.image_token_id, rows[:num_images]), (config.video_token_id, rows[num_images:])):
-        is_ph = ids == token
-        src[is_ph] = offset + torch.arange(int(is_ph.sum()), device="cpu")
-        offset += sum(group)
-    return src
+def _runs_in_items(fam, c: _Checked) -> list[tuple[int, int, int]]:
+    """Each placeholder run of a checked request as ``(first token, tokens, first row in its items laid end to
+    end)``: the images' items, then the videos' (a Qwen3-VL frame is a run inside its video's item)."""
+    merge2 = fam.merge ** 2
+    num_images = 0 if c.images is None else c.images.shape[0]
+    firsts, at = [], 0
+    for r in c.rows:
+        firsts.append(at)
+        at += r
+    image_rows = c.images.tolist() if c.images is not None else []
+    video_rows = c.videos.tolist() if c.videos is not None else []
+    seen = [0] * len(video_rows)  # frames of each video taken so far
+    out = []
+    for s, kind, j in c.runs:
+        if kind == 1:
+            t, h, w = image_rows[j]
+            out.append((s, t * h * w // merge2, firsts[j]))
+        elif fam.has_deepstack:
+            _, h, w = video_rows[j]
+            out.append((s, h * w // merge2, firsts[num_images + j] + seen[j] * (h * w // merge2)))
+            seen[j] += 1
+        else:
+            t, h, w = video_rows[j]
+            out.append((s, t * h * w // merge2, firsts[num_images + j]))
+    return out
 
 
 def pack_requests(model, requests: Sequence[Request], *, device=None, expand: str = "zeros") -> PrefillBatch:
     """One :class:`PrefillBatch` holding ``requests`` back to back.
 
     Per request (its ``chunk``, default the whole prompt): ``input_ids``, ``positions`` (the
-    prompt's token indices), for VLMs the columns of :func:`mrope_positions`, and the media
-    rows of its placeholder tokens (``media_index`` from :func:`slabstage.media_index_from_spans`,
-    rows of the items laid end to end; only the items a chunk touches are included). Also
-    ``seq_lens`` (tokens of each request in this batch) and ``extend_start_loc`` (their first
-    rows), both int32 on the host, and ``table`` (the model's embedding weights).
+    prompt's token indices), for VLMs its mrope positions, and the media rows of its placeholder
+    tokens (``media_index``: rows of the items laid end to end; only the items a chunk touches are
+    included). Also ``seq_lens`` (tokens of each request in this batch) and ``extend_start_loc``
+    (their first rows), both int32 on the host, and ``table`` (the model's embedding weights).
     ``device``: where ``media_index`` lives (default: the host, beside the other integer inputs, so
     that all of them travel to the device in the runner's one packed copy).
+
+    The mrope positions are given as one :class:`slabstage.MropeLayout` per request (where its items
+    start, their grids and temporal intervals, the chunk's offset), from which the staging launch
+    computes them on the device by the rule of the installed transformers' ``get_rope_index``
+    (which is not called; transformers >= 5.6). A request that gives its own ``mrope_positions``, or
+    an older transformers, makes them one ``[3, n]`` host tensor instead. Nothing here loops over
+    tokens in Python: the placeholders are found in a few numpy passes over each prompt.
 
     Every request is checked before anything is computed. Raises ``TypeError`` for a value of the
     wrong kind (ids or grids not integer tensors, a chunk not two ints, an item not a tensor or tuple
@@ -127,57 +150,73 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     if not requests:
         raise ValueError("slabstage.hf.pack_requests: no requests")
     checked = [_check_request(fam, req, k) for k, req in enumerate(requests)]
-    ids_parts, pos_parts, mrope_parts, items, spans = [], [], [], [], []
+    rule = None
+    if fam.is_vlm:
+        import transformers
+        rule = layout_rule(transformers.__version__)
+    as_tensor = fam.is_vlm and (rule is None or any(req.mrope_positions is not None for req in requests))
+    n = sum(c.end - c.start for c in checked)
+    index = np.full(n, -1, dtype=np.int64) if fam.is_vlm else None
+    ids_parts, pos_parts, mrope, items = [], [], [], []
     seq_lens, starts = [], []
     dst0 = 0  # first batch row of the current request
     media_rows = 0  # rows of the items taken so far
     for req, c in zip(requests, checked):
-        ids, start, end = c.ids, c.start, c.end
-        ids_parts.append(ids[start:end])
-        pos_parts.append(torch.arange(start, end, device="cpu"))
+        start, end = c.start, c.end
+        ids_parts.append(c.ids.numpy()[start:end])
+        pos_parts.append(np.arange(start, end, dtype=np.int64))
         if fam.is_vlm:
-            mrope = req.mrope_positions
-            if mrope is None:
-                mrope = rope_index(fam, ids, c.images, c.videos, req.second_per_grid_ts)
-            mrope_parts.append(mrope.to("cpu", torch.int64)[:, start:end])
-            num_images = 0 if c.images is None else c.images.shape[0]
-            src = _media_source_rows(model, ids, c.rows, num_images)[start:end]
-            used = src[src >= 0]
-            if used.numel():
-                # keep only the items the chunk reads; rebase their rows onto the batch's items
-                ends = torch.tensor(c.rows, device="cpu").cumsum(0)
-                first, last = (int(torch.searchsorted(ends, r, right=True)) for r in (used.min(), used.max()))
-                base = 0 if first == 0 else int(ends[first - 1])
-                items += list(c.media[first:last + 1])
-                src = torch.where(src >= 0, src - base + media_rows, -1)
-                media_rows += int(ends[last]) - base
-                spans += _spans(src, dst0)
+            if req.mrope_positions is not None:
+                mrope.append(req.mrope_positions.to("cpu", torch.int64)[:, start:end])
+            elif rule is None:
+                mrope.append(rope_index(fam, c.ids, c.images, c.videos, req.second_per_grid_ts)[:, start:end])
+            else:
+                layout = rope_layout(fam, c.runs, c.images, c.videos, req.second_per_grid_ts, start, end, rule)
+                mrope.append(mrope_from_segments(mrope_segments(layout, end - start), end - start)
+                             if as_tensor else layout)
+            media_rows = _take_media(fam, c, index, dst0, media_rows, items)
         seq_lens.append(end - start)
         starts.append(dst0)
         dst0 += end - start
-    n = dst0
-    media = media_index = None
+    media_index = None
     if items:
-        media = items
-        media_index = media_index_from_spans(spans, n, device=device, num_media_rows=media_rows)
+        media_index = torch.from_numpy(index)
+        if device.type != "cpu":
+            media_index = media_index.to(device)
+    if not fam.is_vlm:
+        mrope = None
+    elif as_tensor:
+        mrope = torch.cat(mrope, 1)
     return PrefillBatch(
-        input_ids=torch.cat(ids_parts), positions=torch.cat(pos_parts), table=table,
-        mrope_positions=torch.cat(mrope_parts, 1) if mrope_parts else None,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cpu"),
-        extend_start_loc=torch.tensor(starts, dtype=torch.int32, device="cpu"),
-        media=media, media_index=media_index, expand=expand)
+        input_ids=torch.from_numpy(np.concatenate(ids_parts)),
+        positions=torch.from_numpy(np.concatenate(pos_parts)), table=table, mrope_positions=mrope,
+        seq_lens=torch.from_numpy(np.array(seq_lens, dtype=np.int32)),
+        extend_start_loc=torch.from_numpy(np.array(starts, dtype=np.int32)),
+        media=items or None, media_index=media_index, expand=expand)
 
 
-def _spans(src: torch.Tensor, dst0: int) -> list[tuple[int, int, int]]:
-    """Runs of consecutive media rows in ``src`` (a row's media row, -1 for text) as ``(dst, length, src)``."""
-    values = src.tolist()
-    spans: list[tuple[int, int, int]] = []
-    for r, s in enumerate(values):
-        if s < 0:
-            continue
-        if spans and spans[-1][0] + spans[-1][1] == dst0 + r and spans[-1][2] + spans[-1][1] == s:
-            d, length, s0 = spans[-1]
-            spans[-1] = (d, length + 1, s0)
-        else:
-            spans.append((dst0 + r, 1, s))
-    return spans
+def _take_media(fam, c: _Checked, index: np.ndarray, dst0: int, media_rows: int, items: list) -> int:
+    """Point the batch rows of the chunk's placeholder tokens at their media rows in ``index`` and append the
+    items the chunk reads to ``items`` (rebased after the ``media_rows`` rows taken so far); returns the new
+    count of media rows."""
+    start, end = c.start, c.end
+    touched = [(s, length, first) for s, length, first in _runs_in_items(fam, c) if s < end and s + length > start]
+    if not touched:
+        return media_rows
+    ends = []
+    at = 0
+    for r in c.rows:
+        at += r
+        ends.append(at)
+    # the media rows the chunk reads, first and last (a video's runs may come before an image's in the prompt)
+    lo_row = min(f + max(s, start) - s for s, _, f in touched)
+    hi_row = max(f + min(s + length, end) - s - 1 for s, length, f in touched)
+    first = bisect_right(ends, lo_row)
+    last = bisect_right(ends, hi_row)
+    base = 0 if first == 0 else ends[first - 1]
+    items += list(c.media[first:last + 1])
+    shift = media_rows - base
+    for s, length, f in touched:
+        a, b = max(s, start), min(s + length, end)
+        index[dst0 + a - start:dst0 + b - start] = np.arange(f + a - s + shift, f + b - s + shift)
+    return media_rows + ends[last] - base

@@ -24,15 +24,17 @@ from ..staging.registry import slot_signature
 from ..staging.slots import REQUESTS, SLOTS, SOURCE_SLOTS
 from .params import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED,
                      F_TEXT_VEC, F_TEXT_WRAP, FLOAT_CODE, H_FLAGS, H_ITEMS, H_NUM_MEDIA, H_STEP, H_TABLE,
-                     H_VOCAB_START, HEADER_WORDS, INT_CODE, SOURCE_WORDS, PinnedRing)
+                     H_VOCAB_START, HEADER_WORDS, INT_CODE, LAYOUT_CODE, SOURCE_WORDS, PinnedRing)
+from .mrope import SEGMENT_WORDS
 from .reference import stage_reference
 from .runtime import launch_lock, next_pow2, use_triton
 from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, launch_settings, stage_kernel
-from .validate import Checked, Destinations, check_batch
+from .validate import LAYOUT_SLOT, Checked, Destinations, check_batch
 
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch"]
 
-MAX_ITEM_WORDS = 1 << 14  # the item table's room in a parameter block: 1 + 4 x blocks words an item
+MAX_ITEM_WORDS = 1 << 14  # the room of the item and segment tables in a parameter block: 1 + 4 x blocks
+# words an item, 8 words a segment of mrope positions
 _SHARED: dict = {}  # destinations' layout -> the Stager the ops share
 _LOCK = threading.Lock()
 _LAST_SLAB: list = [None]  # (slab, errors, layout, Destinations, Stager) of the last stage_embeddings call
@@ -236,11 +238,15 @@ class Stager:
 
     # -- the parameter block ------------------------------------------------------------------
     def _write(self, c: Checked, own_block: bool) -> None:
-        plan = c.media
+        plan, segments = c.media, c.segments
         item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
-        if item_words > MAX_ITEM_WORDS:
-            raise ValueError(f"media has {len(plan.items)} items of {plan.blocks} column blocks: their table takes "
-                             f"{item_words} words, at most {MAX_ITEM_WORDS} fit the parameter block")
+        seg_words = 0 if segments is None else len(segments)
+        if item_words + seg_words > MAX_ITEM_WORDS:
+            what = f"media has {len(plan.items)} items of {plan.blocks} column blocks" if plan is not None else ""
+            if seg_words:
+                what += (" and " if what else "") + f"the mrope layouts make {seg_words // SEGMENT_WORDS} segments"
+            raise ValueError(f"{what}: their tables take {item_words + seg_words} words, at most {MAX_ITEM_WORDS} "
+                             f"fit the parameter block")
         base = self._base
         if own_block:  # a device block of its own (in the capturing graph's pool), kept with its host block
             with torch.inference_mode(False):
@@ -248,7 +254,7 @@ class Stager:
             base = own.data_ptr()
         ns = self.num_slots
         values = [0] * (HEADER_WORDS + SOURCE_WORDS * ns)
-        end = 8 * (self._items_at + item_words)  # bytes: host inputs follow the item table
+        end = 8 * (self._items_at + item_words + seg_words)  # bytes: host inputs follow the item, segment tables
         parts = []  # (byte offset in the block, address, bytes per row, rows, row stride in bytes)
         host = self.dst.host
         for s, t in enumerate(c.sources if ns else ()):  # (SOURCE_SLOTS come first in SLOTS)
@@ -256,6 +262,9 @@ class Stager:
                 w = HEADER_WORDS + SOURCE_WORDS * s
                 values[w], values[w + 2], end = _place(c.reads[s], host, parts, base, end)
                 values[w + 1] = INT_CODE[c.reads[s][1]]
+        if seg_words:  # the mrope slot's source: the segment table after the item table
+            w = HEADER_WORDS + SOURCE_WORDS * LAYOUT_SLOT
+            values[w:w + 3] = base + 8 * (self._items_at + item_words), LAYOUT_CODE, seg_words // SEGMENT_WORDS
         if self.dst.slab is not None:
             end = self._embed_header(values, c, parts, base, end)
         words = -(-end // 8)
@@ -276,6 +285,9 @@ class Stager:
             i = at + self._items_at
             array[i:i + len(plan.starts)] = plan.starts
             array[i + len(plan.starts):i + item_words] = plan.fields
+        if seg_words:
+            i = at + self._items_at + item_words
+            array[i:i + seg_words] = segments
         for off, addr, row, rows, stride in parts:  # host inputs, row by row (mrope rows may lie apart)
             for r in range(rows):
                 memmove(start + off + r * row, addr + r * stride, row)

@@ -19,7 +19,9 @@ every batch. Layout (word offsets):
 - host integer inputs, each 16-byte aligned (their device address is the device
   block's plus their offset).
 
-Dtype codes: integers 1 int32, 2 int64 (0: no such input); floats 0 float16, 1 bfloat16, 2 float32.
+Dtype codes: integers 1 int32, 2 int64 (0: no such input); floats 0 float16, 1 bfloat16, 2 float32. A
+source of code 3 (``LAYOUT_CODE``, the mrope slot's alone) is a segment table
+(:mod:`slabstage.kernels.mrope`) in the block: its address, then its segment count.
 
 The ring: ``K`` pinned slots of one pinned buffer, step ``s`` written into slot
 ``s % K``. Its block reaches the stager's device block through a copy queued before
@@ -38,7 +40,8 @@ import time
 
 import torch
 
-__all__ = ["HEADER_WORDS", "SOURCE_WORDS", "DEST_WORDS", "INT_CODE", "FLOAT_CODE", "FLOAT_BYTES", "PinnedRing"]
+__all__ = ["HEADER_WORDS", "SOURCE_WORDS", "DEST_WORDS", "INT_CODE", "LAYOUT_CODE", "FLOAT_CODE", "FLOAT_BYTES",
+           "PinnedRing"]
 
 # -- header ------------------------------------------------------------------------------
 (H_STEP, H_DONE, H_COUNTER, H_WORDS, H_N, H_B, H_VOCAB_START, H_VOCAB_END, H_VOCAB_SIZE, H_SCALE, H_FLAGS,
@@ -63,6 +66,7 @@ D_ADDR, D_DTYPE, D_STRIDE, D_FILL, D_PAD, D_KIND, D_ROWS, D_LENGTH = range(8)  #
 DEST_WORDS = 8
 
 INT_CODE = {torch.int32: 1, torch.int64: 2}  # (4 bytes a code)
+LAYOUT_CODE = 3  # a source that is a segment table: positions computed from it
 FLOAT_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 FLOAT_BYTES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
 

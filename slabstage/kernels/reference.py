@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from ..staging.buffers import NO_ROW
 from ..staging.slots import COUNT, REQUESTS, SLOTS
 from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, writing_word
+from .mrope import mrope_from_segments
+from .validate import LAYOUT_SLOT
 
 __all__ = ["stage_reference", "stage_embeddings_reference", "media_index_from_mask_reference"]
 
@@ -101,6 +103,8 @@ def stage_reference(dst, c) -> None:
                 slot[0] = c.n
                 continue
             src = c.sources[k]
+            if src is None and k == LAYOUT_SLOT and c.segments is not None:
+                src = mrope_from_segments(c.segments, c.n)
             if src is None:
                 continue
             count, limit = (c.b, slot.shape[0]) if spec.kind == REQUESTS else (c.n, c.pad_to)

@@ -38,6 +38,8 @@ from .params import (D_ADDR, D_DTYPE, D_FILL, D_KIND, D_LENGTH, D_PAD, D_ROWS, D
                      H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_N, H_NUM_ITEMS, H_NUM_MEDIA, H_SCALE, H_STEP, H_TABLE,
                      H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_END, H_VOCAB_SIZE, H_VOCAB_START,
                      H_WORDS, HEADER_WORDS, S_ADDR, S_DTYPE, S_STRIDE, SOURCE_WORDS)
+from .mrope import I_F32, I_F64, I_INT, SEGMENT_WORDS
+from .params import LAYOUT_CODE
 from .runtime import SOFT_CASTS, Constant, cast_to, next_pow2, row_launch_config, tl, triton
 from ..staging.slots import COUNT, REQUESTS
 
@@ -80,6 +82,8 @@ if triton is not None:
      _F_MEDIA_VEC) = (_C(v) for v in (F_SCALE, F_MEDIA, F_TEXT_TILED, F_TEXT_WRAP, F_MEDIA_TILED, F_MEDIA_WRAP,
                                       F_TEXT_VEC, F_MEDIA_VEC))
     _REQUESTS, _COUNT = _C(REQUESTS), _C(COUNT)
+    _LAYOUT, _SEG_WORDS = _C(LAYOUT_CODE), _C(SEGMENT_WORDS)
+    _I_INT, _I_F32, _I_F64 = _C(I_INT), _C(I_F32), _C(I_F64)
     _H_COUNTER, _H_WORDS = _C(H_COUNTER), _C(H_WORDS)
 
     @triton.jit
@@ -99,17 +103,13 @@ if triton is not None:
             tl.store(addr.to(tl.pointer_type(tl.int32)) + offs, val.to(tl.int32), mask=mask)
 
     @triton.jit
-    def _copy_pad(sd, dd, errors_ptr, offs, count, limit, r):
-        """Row ``r`` of the slot whose source is described at ``sd`` and destination at ``dd``:
-        ``dst[offs] = src[offs]`` below ``count``, the pad value in ``[count, limit)`` when the slot pads.
-        A value the destination's dtype cannot hold is stored truncated and recorded in the error word: a
-        narrowing copy is never silent."""
-        src_code = tl.load(sd + _S_DTYPE)
+    def _put_row(dd, errors_ptr, offs, val, count, limit, r):
+        """Row ``r`` of the slot whose destination is described at ``dd``: ``val`` below ``count``, the pad
+        value in ``[count, limit)`` when the slot pads. A value the destination's dtype cannot hold is stored
+        truncated and recorded in the error word: a narrowing copy is never silent."""
         dst_code = tl.load(dd + _D_DTYPE)
-        src = tl.load(sd + _S_ADDR) + r * tl.load(sd + _S_STRIDE) * (4 * src_code)  # byte addresses
-        dst = tl.load(dd + _D_ADDR) + r * tl.load(dd + _D_STRIDE) * (4 * dst_code)
+        dst = tl.load(dd + _D_ADDR) + r * tl.load(dd + _D_STRIDE) * (4 * dst_code)  # a byte address
         keep = offs < count
-        val = _ints(src, src_code, offs, keep, 0)
         if dst_code == 1:
             lost = keep & (val.to(tl.int32).to(tl.int64) != val)
             tl.atomic_or(errors_ptr, _RANGE, mask=tl.max(lost.to(tl.int32), axis=0) > 0)
@@ -117,6 +117,53 @@ if triton is not None:
             val = tl.where(keep, val, tl.load(dd + _D_FILL))
             keep = offs < limit
         _store_ints(dst, dst_code, offs, val, keep)
+
+    @triton.jit
+    def _copy_pad(sd, dd, errors_ptr, offs, count, limit, r):
+        """Row ``r`` of the slot whose source is described at ``sd``: copied below ``count`` (:func:`_put_row`)."""
+        src_code = tl.load(sd + _S_DTYPE)
+        src = tl.load(sd + _S_ADDR) + r * tl.load(sd + _S_STRIDE) * (4 * src_code)  # a byte address
+        _put_row(dd, errors_ptr, offs, _ints(src, src_code, offs, offs < count, 0), count, limit, r)
+
+    @triton.jit
+    def _mrope_rows(sd, dd, errors_ptr, rows, n, pad_to):
+        """The three rows of an mrope slot at ``rows``, computed from the batch's segment table
+        (:mod:`slabstage.kernels.mrope`: the source's address and its segment count): each row's segment
+        by a binary search over their first rows, then its text or media position."""
+        seg = tl.load(sd + _S_ADDR).to(tl.pointer_type(tl.int64))
+        count = tl.load(sd + _S_STRIDE)
+        step = tl.full((), 1, tl.int64)
+        while step * 2 <= count:
+            step *= 2
+        k = tl.zeros(rows.shape, tl.int64)  # segments starting at or before the row
+        while step > 0:
+            j = k + step
+            first = tl.load(seg + (j - 1) * _SEG_WORDS, mask=j <= count, other=2**62)
+            k = tl.where(first <= rows, j, k)
+            step = step // 2
+        f = seg + (tl.maximum(k, 1) - 1) * _SEG_WORDS
+        live = rows < n
+        row0 = tl.load(f, mask=live, other=0)
+        base = tl.load(f + 1, mask=live, other=0)
+        area = tl.load(f + 2, mask=live, other=0)
+        cols = tl.maximum(tl.load(f + 3, mask=live, other=1), 1)
+        code = tl.load(f + 5, mask=live, other=0)
+        word = tl.load(f + 6, mask=live, other=0)
+        text = area == 0
+        q = rows - row0 + tl.load(f + 4, mask=live, other=0)
+        area = tl.where(text, 1, area)
+        frame = q // area
+        # floor(frame * interval) as torch computes arange(t) * interval: exact for an int, else in the
+        # interval's float32 or float64 and truncated
+        w32 = tl.where(code == _I_F32, word, 0).to(tl.int32).to(tl.float32, bitcast=True)  # (others: 0.0)
+        w64 = tl.where(code == _I_F64, word, 0).to(tl.float64, bitcast=True)
+        f32 = (frame.to(tl.float32) * w32).to(tl.int64)
+        f64 = (frame.to(tl.float64) * w64).to(tl.int64)
+        temporal = tl.where(code == _I_INT, frame * word, tl.where(code == _I_F32, f32, f64))
+        linear = rows + base
+        _put_row(dd, errors_ptr, rows, tl.where(text, linear, base + temporal), n, pad_to, 0)
+        _put_row(dd, errors_ptr, rows, tl.where(text, linear, base + (q % area) // cols), n, pad_to, 1)
+        _put_row(dd, errors_ptr, rows, tl.where(text, linear, base + q % cols), n, pad_to, 2)
 
     @triton.jit
     def _load_rows(addr, start, cols, read, code, OUT: tl.constexpr, VEC: tl.constexpr, SOFT: tl.constexpr):
@@ -318,6 +365,8 @@ if triton is not None:
                                 if row == 0:
                                     _copy_pad(sd, dd, errors_ptr, tl.arange(0, REQ_BLOCK), tl.load(params_ptr + _H_B),
                                               tl.load(dd + _D_LENGTH), 0)
+                            elif tl.load(sd + _S_DTYPE) == _LAYOUT:  # mrope positions from their layout
+                                _mrope_rows(sd, dd, errors_ptr, offs_t, n, pad_to)
                             else:
                                 r = 0
                                 rows = tl.load(dd + _D_ROWS)

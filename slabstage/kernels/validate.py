@@ -30,6 +30,7 @@ from ..staging.slots import COUNT, REQUESTS, ROWS, SLOTS, SOURCE_SLOTS
 from ..staging.width import check_source_width
 from .errors import check_error_word
 from .media import MediaPlan, describe_media
+from .mrope import check_layouts, mrope_segments
 
 __all__ = ["Destinations", "Checked", "check_batch", "check_sources"]
 
@@ -141,7 +142,7 @@ class Checked:
     """
 
     __slots__ = ("n", "b", "pad_to", "ids", "sources", "reads", "table", "bounds", "scale", "media", "index",
-                 "expand", "media_owner", "ids_read", "index_read", "table_read")
+                 "expand", "media_owner", "ids_read", "index_read", "table_read", "segments")
 
     def __init__(self, n, b, pad_to, ids, sources, reads, table=None, bounds=None, scale=None, media=None,
                  index=None, expand="zeros", media_owner=True, reads3=(None, None, None)):
@@ -150,9 +151,11 @@ class Checked:
         self.media: MediaPlan | None = media
         self.index, self.expand, self.media_owner = index, expand, media_owner
         self.ids_read, self.index_read, self.table_read = reads3  # what check_batch read of each
+        self.segments = None  # mrope positions given as layouts: their segment table (sources[LAYOUT_SLOT] None)
 
 
 _NAMES = tuple(spec.name for spec in SOURCE_SLOTS)
+LAYOUT_SLOT = _NAMES.index("mrope_positions")  # the slot whose source may be layouts (slabstage.MropeLayout)
 _KINDS = tuple((spec.kind, spec.rows) for spec in SOURCE_SLOTS)
 _ELEM = {torch.int32: 4, torch.int64: 8, torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
 _NONE = (None,) * 7
@@ -174,9 +177,14 @@ def check_sources(src, what: str = "PrefillBatch") -> None:
     """What a batch must satisfy on its own, with no destinations to check it against (a
     :class:`~slabstage.PrefillBatch` when it is made): the checks of :func:`check_batch` that need none."""
     given = [getattr(src, name, None) for name in _NAMES]
+    layouts = given[LAYOUT_SLOT]
+    if layouts is not None and not isinstance(layouts, torch.Tensor):
+        given[LAYOUT_SLOT] = None
     _check_kinds(given, None, True, True, True, src.table, src.media, src.media_index, src.expand)
     reads = list(map(_read, given))
     _check_lengths(given, reads, (True,) * len(given), reads[0][4][0])
+    if given[LAYOUT_SLOT] is None and layouts is not None:
+        check_layouts(layouts)  # (their values are checked where they are staged, with the rest of the batch)
     _check_index(src.media, src.media_index, reads[0][4][0], f"{what}.media was given without media_index")
 
 
@@ -190,6 +198,11 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     embed = dst.slab is not None
     fields = src.__dict__.get
     given = list(map(fields, _NAMES))
+    layouts = given[LAYOUT_SLOT]
+    if layouts is not None and not isinstance(layouts, torch.Tensor):
+        given[LAYOUT_SLOT] = None  # positions computed from layouts: checked below, every batch
+    else:
+        layouts = None
     if embed:
         table, media, index = fields("table"), fields("media"), fields("media_index")
         expand, owner, scale = fields("expand", "zeros"), fields("media_owner", True), fields("text_scale")
@@ -231,8 +244,17 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         if len(r[4]) != 1 or (n > 1 and r[5][0] != 1):
             check_tensor("input_ids", ids, dims=1)  # names what is wrong
         dst.clear_of("input_ids", r[6], r[6] + n * _ELEM[r[1]])
+    segments = None
+    if layouts is not None:
+        if dst.slots[LAYOUT_SLOT] is None:
+            if any(t is not None for t in dst.slots):
+                raise ValueError("mrope_positions given but the buffers were allocated without mrope=True")
+        else:
+            segments = mrope_segments(layouts, n)
     if not embed:
-        return Checked(n, b, pad_to, ids, sources, reads, reads3=(reads[0], None, None))
+        c = Checked(n, b, pad_to, ids, sources, reads, reads3=(reads[0], None, None))
+        c.segments = segments
+        return c
 
     width = dst.slab.shape[1]
     rows, tw = tread[4]
@@ -256,8 +278,10 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     dst.clear_of("table", tread[6], tread[6] + ((rows - 1) * tread[5][0] + tw) * _ELEM[tread[1]] if rows else 0)
     if plan is not None and plan.lows and min(plan.lows) < dst.hi and max(plan.highs) > dst.lo:
         dst.clear_of_all(plan.lows, plan.highs, plan.spans)
-    return Checked(n, b, pad_to, ids, sources, reads, table, bounds, scale, plan, index, expand, owner,
-                   (reads[0], iread, tread))
+    c = Checked(n, b, pad_to, ids, sources, reads, table, bounds, scale, plan, index, expand, owner,
+                (reads[0], iread, tread))
+    c.segments = segments
+    return c
 
 
 def _check_kinds(given, device, host_ok: bool, slots: bool, embed: bool, table, media, index, expand) -> None:

@@ -1,0 +1,260 @@
+"""mrope positions from a compact layout: what the staging launch needs to compute them on the device.
+
+A Qwen-VL prompt's rope positions ``[3, L]`` (temporal, height, width) follow from
+where its media items sit and their grids, by the rule of Hugging Face's
+``get_rope_index`` (transformers >= 5.6):
+
+- text tokens count on from the position before them, the same on all three rows;
+- an item's tokens, with ``(t, h, w)`` its grid and ``m`` the spatial merge, are
+  ``t x (h/m) x (w/m)`` positions ``(p + floor(i * interval), p + y, p + x)`` for
+  frame ``i``, row ``y``, column ``x``, where ``p`` is the position the item starts
+  at; the text after the item starts at ``p + max(h, w) / m``.
+
+A request says this with a :class:`MropeLayout` (a few numbers an item), and
+:func:`mrope_segments` turns a batch of them into the table the kernel reads: the
+batch's rows cut into runs that are each text (``position = row + base``) or one
+item's piece (``base + offsets``). Building it costs the host a few operations an
+item, nothing per token. :func:`mrope_from_segments` is its PyTorch reference.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import NamedTuple, Sequence
+
+import torch
+
+from ..checks import check_int, is_int
+
+__all__ = ["MropeLayout", "check_layouts", "mrope_segments", "mrope_from_segments", "SEGMENT_WORDS"]
+
+SEGMENT_WORDS = 8  # (first row, base, area, columns, first offset, interval code, interval, 0)
+# interval codes: how the temporal offset floor(i * interval) is computed, as torch computes
+# ``arange(t) * interval`` for an interval of that kind (an int; a float32; a float64)
+I_INT, I_F32, I_F64 = 0, 1, 2
+_FLOAT_CODE = {torch.float32: I_F32, torch.float64: I_F64}
+
+
+class MropeLayout(NamedTuple):
+    """One request's multimodal layout in a batch, from which the staging launch computes its mrope positions.
+
+    ``tokens``: the request's rows in this batch (requests lie back to back, in order, from row 0).
+    ``starts``: the prompt index of each media item's first placeholder token, ascending; ``grids``:
+    each item's ``(t, h, w)`` in patches, before the spatial ``merge`` (as the processor's
+    ``image_grid_thw`` gives them), so an item spans ``t * h * w // merge**2`` tokens. A video whose
+    frames are parted in the prompt (Qwen3-VL's timestamps) is one item per frame, each ``(1, h, w)``.
+    ``intervals``: each item's temporal step (default 1): the frame ``i`` of an item sits
+    ``floor(i * interval)`` after its start (Qwen2.5-VL's videos: ``tokens_per_second *
+    second_per_grid_t``). An int is exact; a Python float or a float32 tensor is multiplied in
+    float32, a float64 tensor in float64, as ``torch.arange(t) * interval`` does.
+    ``offset``: the prompt index of the request's first row in this batch (a chunk after the first).
+    """
+
+    tokens: int
+    starts: Sequence[int] = ()
+    grids: Sequence[Sequence[int]] | torch.Tensor = ()
+    merge: int = 1
+    intervals: Sequence | torch.Tensor | None = None
+    offset: int = 0
+
+    def position_delta(self, prompt_length: int) -> int:
+        """What the positions after the prompt add to a token's index: ``max(position) + 1 - prompt_length``
+        over the whole prompt of ``prompt_length`` tokens (Hugging Face's ``mrope_position_deltas``)."""
+        where = "MropeLayout.position_delta:"
+        length = check_int(f"{where} prompt_length", prompt_length, lo=1)
+        items, _ = _items(self, where)
+        top, delta, end = -1, 0, 0
+        for start, stop, lh, lw, t, code, value in items:
+            if stop > length:
+                raise ValueError(f"{where} an item spans tokens [{start}, {stop}), past the prompt's {length}")
+            if start > end:
+                top = max(top, start - 1 + delta)  # the text before the item
+            base = start + delta
+            top = max(top, base + max(_temporal(t - 1, code, value), lh - 1, lw - 1))
+            delta, end = base + max(lh, lw) - stop, stop
+        if length > end:
+            top = max(top, length - 1 + delta)
+        return top + 1 - length
+
+
+def _as_list(values, what: str) -> list:
+    if isinstance(values, torch.Tensor):
+        return values.tolist()
+    try:
+        return list(values)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence or a tensor, got {type(values).__name__}") from None
+
+
+def _intervals(intervals, count: int, where: str) -> list[tuple[int, int]]:
+    """``(code, value word)`` per item: an int interval as itself, a float one as its float32 or float64 bits."""
+    if intervals is None:
+        return [(I_INT, 1)] * count
+    if isinstance(intervals, torch.Tensor):
+        if intervals.dim() != 1 or intervals.shape[0] != count:
+            raise ValueError(f"{where} intervals has shape {tuple(intervals.shape)}, expected [{count}] (one per item)")
+        if intervals.dtype in _FLOAT_CODE:
+            code = _FLOAT_CODE[intervals.dtype]
+            values = intervals.tolist()
+        elif not (intervals.dtype.is_floating_point or intervals.dtype.is_complex or intervals.dtype == torch.bool):
+            return [(I_INT, v) for v in intervals.tolist()]
+        else:
+            raise TypeError(f"{where} intervals must be an integer, float32 or float64 tensor, got {intervals.dtype}")
+        out = []
+        for j, v in enumerate(values):
+            if not math.isfinite(v):
+                raise ValueError(f"{where} intervals[{j}] is {v}: must be finite")
+            out.append((code, _bits(v, code)))
+        return out
+    values = _as_list(intervals, f"{where} intervals")
+    if len(values) != count:
+        raise ValueError(f"{where} intervals has {len(values)} entries for {count} items")
+    out = []
+    for j, v in enumerate(values):
+        if isinstance(v, torch.Tensor) and v.dim() == 0:
+            if v.dtype in _FLOAT_CODE:
+                code, f = _FLOAT_CODE[v.dtype], v.item()
+            elif v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
+                raise TypeError(f"{where} intervals[{j}] is a {v.dtype} tensor: give an int, float32 or float64")
+            else:
+                out.append((I_INT, int(v.item())))
+                continue
+        elif is_int(v):
+            out.append((I_INT, int(v)))
+            continue
+        elif isinstance(v, float):
+            code, f = I_F32, v  # a Python float: torch multiplies an int64 arange by it in float32
+        else:
+            raise TypeError(f"{where} intervals[{j}] must be an int or a float, got {v!r} ({type(v).__name__})")
+        if not math.isfinite(f):
+            raise ValueError(f"{where} intervals[{j}] is {f}: must be finite")
+        out.append((code, _bits(f, code)))
+    return out
+
+
+def _bits(v: float, code: int) -> int:
+    if code == I_F32:
+        return struct.unpack("<i", struct.pack("<f", v))[0]
+    return struct.unpack("<q", struct.pack("<d", v))[0]
+
+
+def _value(code: int, word: int) -> float:
+    if code == I_F32:
+        return struct.unpack("<f", struct.pack("<i", word))[0]
+    return struct.unpack("<d", struct.pack("<q", word))[0]
+
+
+def _temporal(i: int, code: int, word: int) -> int:
+    """``floor(i * interval)`` computed as the kernel computes it (truncation of a float32 or float64 product)."""
+    if code == I_INT:
+        return i * word
+    if code == I_F32:
+        return int(torch.tensor(float(i), dtype=torch.float32) * torch.tensor(_value(code, word),
+                                                                               dtype=torch.float32))
+    return int(float(i) * _value(code, word))
+
+
+def _items(layout, where: str) -> tuple[list, int]:
+    """``([(start, end, h/m, w/m, t, code, interval word)], offset)`` of a checked layout."""
+    if not isinstance(layout, MropeLayout):
+        raise TypeError(f"{where} expected a slabstage.MropeLayout, got {type(layout).__name__}")
+    merge = check_int(f"{where} merge", layout.merge, lo=1)
+    offset = check_int(f"{where} offset", layout.offset, lo=0)
+    starts = _as_list(layout.starts, f"{where} starts")
+    grids = _as_list(layout.grids, f"{where} grids")
+    if len(starts) != len(grids):
+        raise ValueError(f"{where} {len(starts)} starts but {len(grids)} grids: one (t, h, w) per item")
+    codes = _intervals(layout.intervals, len(starts), where)
+    items, end = [], 0
+    for j, (start, grid, (code, word)) in enumerate(zip(starts, grids, codes)):
+        if not is_int(start) or start < end:
+            raise ValueError(f"{where} starts[{j}] = {start!r}: items start at ints, ascending, each after the end "
+                             f"of the one before ({end})")
+        try:
+            t, h, w = grid
+            ok = is_int(t) and is_int(h) and is_int(w) and min(t, h, w) >= 1 and not (h % merge or w % merge)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{where} grids[{j}] = {grid!r}: (t, h, w) must be ints >= 1 with h and w multiples "
+                             f"of merge={merge}")
+        lh, lw = h // merge, w // merge
+        end = start + t * lh * lw
+        items.append((int(start), end, lh, lw, t, code, word))
+    return items, offset
+
+
+def check_layouts(layouts) -> tuple:
+    """``layouts`` as a tuple of :class:`MropeLayout`: one, or a non-empty list or tuple of them."""
+    if isinstance(layouts, MropeLayout):
+        return (layouts,)
+    if type(layouts) not in (list, tuple):
+        raise TypeError(f"mrope_positions must be a [3, n] tensor, a slabstage.MropeLayout or a list of them (one "
+                        f"per request), got {type(layouts).__name__}")
+    if not layouts:
+        raise ValueError("mrope_positions is an empty list of layouts: give one MropeLayout per request")
+    for r, layout in enumerate(layouts):
+        if not isinstance(layout, MropeLayout):
+            raise TypeError(f"mrope_positions[{r}]: expected a slabstage.MropeLayout, got {type(layout).__name__}")
+    return tuple(layouts)
+
+
+def mrope_segments(layouts, n: int) -> list[int]:
+    """The segment table of a batch of ``n`` rows (``SEGMENT_WORDS`` ints a segment, rows ascending from 0).
+
+    ``layouts``: a :class:`MropeLayout` (one request) or a sequence of them, one per request in row order,
+    their ``tokens`` adding up to ``n``. Raises ``TypeError``/``ValueError`` naming the request and field."""
+    layouts = check_layouts(layouts)
+    words: list[int] = []
+    row = 0
+    for r, layout in enumerate(layouts):
+        where = f"mrope_positions[{r}]:" if len(layouts) > 1 else "mrope_positions:"
+        items, offset = _items(layout, where)
+        tokens = check_int(f"{where} tokens", layout.tokens, lo=1)
+        _request(words, items, row, offset, tokens)
+        row += tokens
+    if row != n:
+        raise ValueError(f"mrope_positions: the layouts' tokens add up to {row} but the batch has {n} rows")
+    return words
+
+
+def _request(words: list, items: list, row0: int, offset: int, tokens: int) -> None:
+    """Append the segments of one request's rows ``[row0, row0 + tokens)``, prompt tokens from ``offset``."""
+    lo, hi = offset, offset + tokens  # the chunk, in prompt tokens
+    delta, prev = 0, 0  # text position = prompt index + delta; prev: where the text run starts
+    shift = row0 - offset  # batch row = prompt index + shift
+    for start, end, lh, lw, _, code, word in items:
+        if start >= hi:
+            break
+        a, b = max(prev, lo), min(start, hi)  # the text before the item
+        if a < b:
+            words += (a + shift, delta - shift, 0, 1, 0, I_INT, 0, 0)
+        base = start + delta
+        a, b = max(start, lo), min(end, hi)
+        if a < b:
+            words += (a + shift, base, lh * lw, lw, a - start, code, word, 0)
+        delta, prev = base + max(lh, lw) - end, end
+    a = max(prev, lo)
+    if a < hi:
+        words += (a + shift, delta - shift, 0, 1, 0, I_INT, 0, 0)
+
+
+def mrope_from_segments(words: Sequence[int], n: int, device=None) -> torch.Tensor:
+    """``int64[3, n]``: the positions the kernel writes from the segment table ``words`` (PyTorch reference)."""
+    table = torch.tensor(words, dtype=torch.int64).view(-1, SEGMENT_WORDS)
+    rows = torch.arange(n, dtype=torch.int64)
+    seg = torch.searchsorted(table[:, 0].contiguous(), rows, right=True) - 1
+    row0, base, area, lw, q0, code, word = (table[seg, k] for k in range(7))
+    text = area == 0
+    q = rows - row0 + q0
+    area, lw = torch.where(text, 1, area), torch.where(text, 1, lw)
+    i = q // area
+    f32 = torch.where(code == I_F32, word, 0).to(torch.int32).view(torch.float32)  # (others: 0.0)
+    f64 = torch.where(code == I_F64, word, 0).view(torch.float64)
+    temporal = torch.where(code == I_INT, i * word,
+                           torch.where(code == I_F32, (i.to(torch.float32) * f32).to(torch.int64),
+                                       (i.to(torch.float64) * f64).to(torch.int64)))
+    out = torch.stack([base + temporal, base + (q % area) // lw, base + q % lw])
+    out = torch.where(text, rows + base, out)
+    return out.to(device) if device is not None else out
