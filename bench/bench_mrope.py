@@ -51,7 +51,8 @@ def _model(family):
 
 
 def _requests(model, case: str, g: torch.Generator):
-    """``1x4096``: one request of 4080 tokens, 4 images of 768 rows between text; ``4x2``: 4 requests x 2 images of 448 rows."""
+    """``1x4096``: one request of 4080 tokens, 4 images of 768 rows between text; ``4x2``: 4 requests x 2
+    images of 448 rows."""
     count, images, grid, text = (1, 4, (1, 32, 96), 200) if case == "1x4096" else (4, 2, (1, 32, 56), 40)
     rows = grid[0] * grid[1] * grid[2] // 4
     hidden, k = model.config.text_config.hidden_size, 3 if model.config.model_type == "qwen3_vl" else 0
