@@ -100,7 +100,8 @@ def check_placeholders(ids: torch.Tensor, tokens: tuple[int, int], image_grid, v
                        frames: bool) -> list[tuple[int, int, int]]:
     """Each maximal run of image (video) placeholder tokens in ``ids`` holds the rows of the next grid row,
     in order, and every grid row has its run (``tokens``: the image and video placeholder ids). ``frames``: a
-    video's run is one frame (Qwen3-VL), so a video ``(t, h, w)`` takes ``t`` runs of ``h * w // merge**2``; else one run of ``t * h * w // merge**2``.
+    video's run is one frame (Qwen3-VL), so a video ``(t, h, w)`` takes ``t`` runs of ``h * w // merge**2``;
+    else one run of ``t * h * w // merge**2``.
 
     Returns the runs in prompt order as ``(start, kind, grid row)``, kind 1 an image and 2 a video (one run a
     frame when ``frames``). Vectorised: the host touches each token in a few numpy passes, no Python loop."""
