@@ -28,7 +28,7 @@ import time
 import pytest
 import torch
 from peer_lightllm import image_ranges, lightllm_style_stage
-from staging_figures import engine_style_merge, half_media, qwen3_vl_batch
+from staging_figures import engine_style_merge, half_media, items16, qwen3_vl_batch
 
 import slabstage as ss
 
@@ -93,18 +93,11 @@ def test_one_tensor(device_bench, request, shape, impl, metric):
 @pytest.mark.parametrize("metric", ["device", "latency"])
 @pytest.mark.parametrize("impl", ["slabstage_items", "slabstage_one_tensor", "cat_then_stage"])
 def test_items16(device_bench, request, impl, metric):
-    n, width = 8192, 4096
-    table = torch.randn(32000, width, dtype=BF16, device=DEV)
-    slab = torch.empty(n, width, dtype=BF16, device=DEV)
-    ids, index = half_media(n)
-    errors = ss.new_error_word(DEV)
-    rows = n // 2 // 16
-    new = [[torch.randn(rows, width, dtype=BF16, device=DEV) for _ in range(16)] for _ in range(_rounds(device_bench))]
-    stage = lambda m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)  # noqa: E731
+    stage, new = items16(_rounds(device_bench))
     if impl == "slabstage_one_tensor":
         new = [torch.cat(it) for it in new]
     prep = (lambda m: torch.cat(m)) if impl == "cat_then_stage" else (lambda m: m)
-    device_bench.extra_info.update(case="items16", shape=f"{n}x{width}", impl=impl)
+    device_bench.extra_info.update(case="items16", shape="8192x4096", impl=impl)
     _time(device_bench, metric, request, [lambda m=m: stage(prep(m)) for m in new])
 
 

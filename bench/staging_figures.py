@@ -141,16 +141,21 @@ def _large(n: int, width: int, steps: int) -> dict:
                 lightllm_us=peer, vs_lightllm=peer / ours)
 
 
-def items_cases(out, steps):
+def items16(sets: int):
+    """The 16-items case (8192 x 4096 bf16, half the rows media): ``(stage(media), sets of 16 new items)``."""
     n, width = 8192, 4096
     table = torch.randn(32000, width, dtype=BF16, device=DEV)
     slab = torch.empty(n, width, dtype=BF16, device=DEV)
     ids, index = half_media(n)
     errors = ss.new_error_word(DEV)
     rows = n // 2 // 16
-    items = [[torch.randn(rows, width, dtype=BF16, device=DEV) for _ in range(16)] for _ in range(steps + 3)]
+    items = [[torch.randn(rows, width, dtype=BF16, device=DEV) for _ in range(16)] for _ in range(sets)]
+    return (lambda m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)), items
+
+
+def items_cases(out, steps):
+    stage, items = items16(steps + 3)
     tensors = [torch.cat(it) for it in items]
-    stage = lambda m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)  # noqa: E731
     r = {**both(stage, items, steps, "items"), **both(stage, tensors, steps, "tensor"),
          **both(lambda m: stage(torch.cat(m)), items, steps, "cat")}
     r["items_vs_tensor"] = r["items_us"] / r["tensor_us"]
@@ -161,7 +166,9 @@ def items_cases(out, steps):
           f"{r['tensor_latency_us']:.0f} / cat {r['cat_latency_us']:.0f} us", flush=True)
     del items, tensors
     # DeepStack k = 3: 8 items of 4 blocks into a slab 4 x 2048 wide
-    h, k = 2048, 3
+    n, (h, k) = 8192, (2048, 3)
+    ids, index = half_media(n)
+    errors = ss.new_error_word(DEV)
     wide = torch.empty(n, h * (1 + k), dtype=BF16, device=DEV)
     table = torch.randn(32000, h, dtype=BF16, device=DEV)
     rows = n // 2 // 8

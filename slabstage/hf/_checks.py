@@ -97,14 +97,15 @@ def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_placeholders(ids: torch.Tensor, tokens: tuple[int, int], image_grid, video_grid, where: str, merge: int,
-                       frames: bool) -> list[tuple[int, int, int]]:
+                       frames: bool) -> list[tuple[int, int, int, int, int]]:
     """Each maximal run of image (video) placeholder tokens in ``ids`` holds the rows of the next grid row,
     in order, and every grid row has its run (``tokens``: the image and video placeholder ids). ``frames``: a
     video's run is one frame (Qwen3-VL), so a video ``(t, h, w)`` takes ``t`` runs of ``h * w // merge**2``;
     else one run of ``t * h * w // merge**2``.
 
-    Returns the runs in prompt order as ``(start, kind, grid row)``, kind 1 an image and 2 a video (one run a
-    frame when ``frames``). Vectorised: the host touches each token in a few numpy passes, no Python loop."""
+    Returns the runs in prompt order as ``(start, tokens, kind, grid row, frame)``: kind 1 an image and 2 a
+    video, ``frame`` the run's frame in its video when ``frames`` (else 0). Vectorised: the host touches each
+    token in a few numpy passes, no Python loop."""
     values = ids.numpy()
     runs_out = []
     for kind, token, grid, name, what in ((1, tokens[0], image_grid, "image_grid_thw", "image"),
@@ -116,23 +117,23 @@ def check_placeholders(ids: torch.Tensor, tokens: tuple[int, int], image_grid, v
                 raise ValueError(f"{where} input_ids hold {count} {what} placeholder tokens ({len(starts)} "
                                  f"{what}{'s' if len(starts) > 1 else ''}) but {name} is None: give the grid")
             continue
-        want = []  # (grid row, rows of its run)
+        want = []  # (grid row, rows of its run, frame)
         for j, (t, h, w) in enumerate(grid.tolist()):
             if what == "video" and frames:
-                want += [(j, h * w // merge ** 2)] * t
+                want += [(j, h * w // merge ** 2, f) for f in range(t)]
             else:
-                want.append((j, t * h * w // merge ** 2))
+                want.append((j, t * h * w // merge ** 2, 0))
         unit = "frame runs" if what == "video" and frames else "runs"
         if len(starts) != len(want):
             raise ValueError(f"{where} input_ids hold {len(starts)} runs of {what} placeholder tokens but {name} "
                              f"({grid.shape[0]} rows) needs {len(want)} {unit}")
         lengths = (ends - starts).tolist()
         starts = starts.tolist()
-        for s, length, (j, rows) in zip(starts, lengths, want):
+        for s, length, (j, rows, frame) in zip(starts, lengths, want):
             if length != rows:
                 raise ValueError(f"{where} the {what} placeholder run at tokens [{s}, {s + length}) holds {length} "
                                  f"tokens but {name}[{j}] = {tuple(grid[j].tolist())} gives {rows} rows")
-            runs_out.append((s, kind, j))
+            runs_out.append((s, length, kind, j, frame))
     runs_out.sort()
     return runs_out
 

@@ -66,7 +66,7 @@ def rope_layout(fam, runs, images, videos, second_per_grid_ts, start: int, end: 
     frames = fam.has_deepstack
     tps = fam.tokens_per_second
     starts, grids, intervals = [], [], []
-    for s, kind, j in runs:
+    for s, _, kind, j, _ in runs:
         starts.append(s)
         if kind == 1:
             grids.append(image_rows[j])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -86,33 +87,6 @@ def _empty(value) -> bool:
     return isinstance(value, (list, tuple)) and not value
 
 
-def _runs_in_items(fam, c: _Checked) -> list[tuple[int, int, int]]:
-    """Each placeholder run of a checked request as ``(first token, tokens, first row in its items laid end to
-    end)``: the images' items, then the videos' (a Qwen3-VL frame is a run inside its video's item)."""
-    merge2 = fam.merge ** 2
-    num_images = 0 if c.images is None else c.images.shape[0]
-    firsts, at = [], 0
-    for r in c.rows:
-        firsts.append(at)
-        at += r
-    image_rows = c.images.tolist() if c.images is not None else []
-    video_rows = c.videos.tolist() if c.videos is not None else []
-    seen = [0] * len(video_rows)  # frames of each video taken so far
-    out = []
-    for s, kind, j in c.runs:
-        if kind == 1:
-            t, h, w = image_rows[j]
-            out.append((s, t * h * w // merge2, firsts[j]))
-        elif fam.has_deepstack:
-            _, h, w = video_rows[j]
-            out.append((s, h * w // merge2, firsts[num_images + j] + seen[j] * (h * w // merge2)))
-            seen[j] += 1
-        else:
-            t, h, w = video_rows[j]
-            out.append((s, t * h * w // merge2, firsts[num_images + j]))
-    return out
-
-
 def pack_requests(model, requests: Sequence[Request], *, device=None, expand: str = "zeros") -> PrefillBatch:
     """One :class:`PrefillBatch` holding ``requests`` back to back.
 
@@ -174,7 +148,7 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
                 layout = rope_layout(fam, c.runs, c.images, c.videos, req.second_per_grid_ts, start, end, rule)
                 mrope.append(mrope_from_segments(mrope_segments(layout, end - start), end - start)
                              if as_tensor else layout)
-            media_rows = _take_media(fam, c, index, dst0, media_rows, items)
+            media_rows = _take_media(c, index, dst0, media_rows, items)
         seq_lens.append(end - start)
         starts.append(dst0)
         dst0 += end - start
@@ -195,19 +169,21 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
         media=items or None, media_index=media_index, expand=expand)
 
 
-def _take_media(fam, c: _Checked, index: np.ndarray, dst0: int, media_rows: int, items: list) -> int:
+def _take_media(c: _Checked, index: np.ndarray, dst0: int, media_rows: int, items: list) -> int:
     """Point the batch rows of the chunk's placeholder tokens at their media rows in ``index`` and append the
     items the chunk reads to ``items`` (rebased after the ``media_rows`` rows taken so far); returns the new
-    count of media rows."""
+    count of media rows. Items lie end to end: the images', then the videos' (a Qwen3-VL frame is a run
+    inside its video's item)."""
     start, end = c.start, c.end
-    touched = [(s, length, first) for s, length, first in _runs_in_items(fam, c) if s < end and s + length > start]
+    ends = list(accumulate(c.rows))  # each item's end row
+    num_images = 0 if c.images is None else c.images.shape[0]
+    touched = []  # (first token, tokens, first media row) of each run the chunk reads
+    for s, length, kind, j, frame in c.runs:
+        if s < end and s + length > start:
+            item = j + num_images if kind == 2 else j
+            touched.append((s, length, ends[item] - c.rows[item] + frame * length))
     if not touched:
         return media_rows
-    ends = []
-    at = 0
-    for r in c.rows:
-        at += r
-        ends.append(at)
     # the media rows the chunk reads, first and last (a video's runs may come before an image's in the prompt)
     lo_row = min(f + max(s, start) - s for s, _, f in touched)
     hi_row = max(f + min(s + length, end) - s - 1 for s, length, f in touched)

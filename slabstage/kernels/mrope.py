@@ -23,6 +23,7 @@ import math
 import struct
 from typing import NamedTuple, Sequence
 
+import numpy as np
 import torch
 
 from ..checks import check_int, is_int
@@ -150,15 +151,12 @@ def _temporal(i: int, code: int, word: int) -> int:
     if code == I_INT:
         return i * word
     if code == I_F32:
-        return int(torch.tensor(float(i), dtype=torch.float32) * torch.tensor(_value(code, word),
-                                                                               dtype=torch.float32))
+        return int(np.float32(i) * np.float32(_value(code, word)))
     return int(float(i) * _value(code, word))
 
 
 def _items(layout, where: str) -> tuple[list, int]:
     """``([(start, end, h/m, w/m, t, code, interval word)], offset)`` of a checked layout."""
-    if not isinstance(layout, MropeLayout):
-        raise TypeError(f"{where} expected a slabstage.MropeLayout, got {type(layout).__name__}")
     merge = check_int(f"{where} merge", layout.merge, lo=1)
     offset = check_int(f"{where} offset", layout.offset, lo=0)
     starts = _as_list(layout.starts, f"{where} starts")

@@ -145,13 +145,13 @@ class Checked:
                  "expand", "media_owner", "ids_read", "index_read", "table_read", "segments")
 
     def __init__(self, n, b, pad_to, ids, sources, reads, table=None, bounds=None, scale=None, media=None,
-                 index=None, expand="zeros", media_owner=True, reads3=(None, None, None)):
+                 index=None, expand="zeros", media_owner=True, reads3=(None, None, None), segments=None):
         self.n, self.b, self.pad_to, self.ids, self.sources, self.reads = n, b, pad_to, ids, sources, reads
         self.table, self.bounds, self.scale = table, bounds, scale
         self.media: MediaPlan | None = media
         self.index, self.expand, self.media_owner = index, expand, media_owner
         self.ids_read, self.index_read, self.table_read = reads3  # what check_batch read of each
-        self.segments = None  # mrope positions given as layouts: their segment table (sources[LAYOUT_SLOT] None)
+        self.segments = segments  # mrope positions given as layouts: their segment table (the source None)
 
 
 _NAMES = tuple(spec.name for spec in SOURCE_SLOTS)
@@ -173,17 +173,25 @@ def _read(t):
     return type(t), t.dtype, device, len(shape), shape, t.stride(), ptr
 
 
+def _take_layouts(given: list):
+    """The mrope layouts among the sources ``given`` (None: none), taken out of them: the tensor checks pass
+    them by, :func:`~slabstage.kernels.mrope.mrope_segments` checks them."""
+    layouts = given[LAYOUT_SLOT]
+    if layouts is None or isinstance(layouts, torch.Tensor):
+        return None
+    given[LAYOUT_SLOT] = None
+    return layouts
+
+
 def check_sources(src, what: str = "PrefillBatch") -> None:
     """What a batch must satisfy on its own, with no destinations to check it against (a
     :class:`~slabstage.PrefillBatch` when it is made): the checks of :func:`check_batch` that need none."""
     given = [getattr(src, name, None) for name in _NAMES]
-    layouts = given[LAYOUT_SLOT]
-    if layouts is not None and not isinstance(layouts, torch.Tensor):
-        given[LAYOUT_SLOT] = None
+    layouts = _take_layouts(given)
     _check_kinds(given, None, True, True, True, src.table, src.media, src.media_index, src.expand)
     reads = list(map(_read, given))
     _check_lengths(given, reads, (True,) * len(given), reads[0][4][0])
-    if given[LAYOUT_SLOT] is None and layouts is not None:
+    if layouts is not None:
         check_layouts(layouts)  # (their values are checked where they are staged, with the rest of the batch)
     _check_index(src.media, src.media_index, reads[0][4][0], f"{what}.media was given without media_index")
 
@@ -198,11 +206,7 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     embed = dst.slab is not None
     fields = src.__dict__.get
     given = list(map(fields, _NAMES))
-    layouts = given[LAYOUT_SLOT]
-    if layouts is not None and not isinstance(layouts, torch.Tensor):
-        given[LAYOUT_SLOT] = None  # positions computed from layouts: checked below, every batch
-    else:
-        layouts = None
+    layouts = _take_layouts(given)  # (checked below, every batch: they are values)
     if embed:
         table, media, index = fields("table"), fields("media"), fields("media_index")
         expand, owner, scale = fields("expand", "zeros"), fields("media_owner", True), fields("text_scale")
@@ -252,9 +256,7 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         else:
             segments = mrope_segments(layouts, n)
     if not embed:
-        c = Checked(n, b, pad_to, ids, sources, reads, reads3=(reads[0], None, None))
-        c.segments = segments
-        return c
+        return Checked(n, b, pad_to, ids, sources, reads, reads3=(reads[0], None, None), segments=segments)
 
     width = dst.slab.shape[1]
     rows, tw = tread[4]
@@ -278,10 +280,8 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     dst.clear_of("table", tread[6], tread[6] + ((rows - 1) * tread[5][0] + tw) * _ELEM[tread[1]] if rows else 0)
     if plan is not None and plan.lows and min(plan.lows) < dst.hi and max(plan.highs) > dst.lo:
         dst.clear_of_all(plan.lows, plan.highs, plan.spans)
-    c = Checked(n, b, pad_to, ids, sources, reads, table, bounds, scale, plan, index, expand, owner,
-                (reads[0], iread, tread))
-    c.segments = segments
-    return c
+    return Checked(n, b, pad_to, ids, sources, reads, table, bounds, scale, plan, index, expand, owner,
+                   (reads[0], iread, tread), segments)
 
 
 def _check_kinds(given, device, host_ok: bool, slots: bool, embed: bool, table, media, index, expand) -> None:
