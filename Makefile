@@ -33,7 +33,7 @@ demo: setup
 	$(PY) -m slabstage demo
 
 # ruff first (configured in pyproject.toml), then the suite, one worker a core (pytest-xdist);
-# tests/test_packaging.py builds and installs the wheel.
+# tests/project/test_packaging.py builds and installs the wheel.
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)

@@ -1,4 +1,4 @@
-"""Media as items (issue 12): lists, DeepStack column blocks and pinned host items, against the one-tensor
+"""Media as items: lists, DeepStack column blocks and pinned host items, against the one-tensor
 path and the ways engines stage such media today; same inputs, one session.
 
 Each case is one parametrized benchmark; ``extra_info["case"]`` names it and the
@@ -44,7 +44,7 @@ Cases (bf16, vocabulary 32000, half the rows media in 16 images, text spans betw
 
 Bytes: each source row read once (text rows at the table's width), each slab row
 written once, ids and media index read (``copy_*``: bytes read + written). The
-pinned case adds ``h2d_gbps``: media bytes over the host link per second. Issue 12's
+pinned case adds ``h2d_gbps``: media bytes over the host link per second. The media-items
 targets are checked as soon as both sides of one are timed: ``extra_info["targets"]``
 on the later row, and a summary at the end of the module.
 
@@ -291,7 +291,7 @@ def _bytes(impl: str, inp: MediaInputs) -> int:
     return inp.stage_bytes()
 
 
-# -- targets (issue 12, item 6): checked once both sides are timed --------------------------
+# -- targets: checked once both sides are timed --------------------------
 @dataclass(frozen=True)
 class Target:
     case: str
@@ -354,7 +354,7 @@ def _targets_summary(request):
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if not _VERDICTS or reporter is None:
         return
-    reporter.write_sep("-", "issue 12 targets (this session)")
+    reporter.write_sep("-", "media-items targets (this run)")
     for v in _VERDICTS:
         reporter.write_line(f"{'met   ' if v['met'] else 'MISSED'} {v['target']:<55} {v['shape']:<32} "
                             f"{v['value']:.3f} (bound {v['bound']})")

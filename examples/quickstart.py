@@ -2,7 +2,7 @@
 
     python examples/quickstart.py            # CUDA when present (graphs replayed), else CPU (eager)
 
-tests/test_examples.py runs it; the README quotes the part between the markers.
+tests/project/test_examples.py runs it; the README quotes the part between the markers.
 """
 
 import torch

@@ -31,3 +31,21 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=DEVICES)
 def device(request):
     return torch.device(request.param)
+
+
+@pytest.fixture
+def kernel_only(device, monkeypatch):
+    """Make the PyTorch reference fail if the one staging path picks it: under the interpreter (CPU) and on
+    CUDA the Triton kernel is what the tests check (CPU tensors without the interpreter skip)."""
+    import importlib
+
+    from slabstage.kernels.runtime import INTERPRET
+
+    if device.type == "cpu" and not INTERPRET:
+        pytest.skip("CPU tensors run the reference unless TRITON_INTERPRET=1 (the GPU machine's CPU case)")
+    mod = importlib.import_module("slabstage.kernels.launch")  # where the one path picks kernel or reference
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError("the PyTorch reference ran instead of the Triton kernel")
+
+    monkeypatch.setattr(mod, "stage_reference", no_reference)

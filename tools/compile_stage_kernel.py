@@ -9,7 +9,7 @@ promises 16-byte alignment (taken when the host found it) and one that promises 
 the media path must have them (``expected_v4``); if a change loses the promise, they fall back to
 scalar loads and the count drops. ``registers`` is what ptxas allots a thread: with 4 warps a
 program, an SM holds ``65536 // (128 * registers)`` programs and their loads in flight, so it bounds
-the kernel's bandwidth (see the kernel's docstring). tests/test_stage_kernel_codegen.py runs it.
+the kernel's bandwidth (see the kernel's docstring). tests/ops/test_stage_kernel_codegen.py runs it.
 """
 
 from __future__ import annotations

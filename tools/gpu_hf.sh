@@ -9,7 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONUNBUFFERED=1
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 'gpu', torch.cuda.get_device_name())" 2>&1 | tee "$OUT/hf_machine.txt"
-python3 -m pytest tests/test_hf_models.py tests/test_hf_model.py -q -p no:cacheprovider -rfEs 2>&1 | tee "$OUT/hf_tests.log" | tail -25
+python3 -m pytest tests/hf/test_hf_models.py tests/hf/test_hf_example.py -q -p no:cacheprovider -rfEs 2>&1 | tee "$OUT/hf_tests.log" | tail -25
 tests_rc=${PIPESTATUS[0]}
 python3 examples/qwen3_vl.py --device cuda 2>&1 | tee "$OUT/hf_demo.log" | tail -8
 python3 examples/qwen3_vl.py --device cuda --dtype bf16 2>&1 | tee -a "$OUT/hf_demo.log" | tail -4

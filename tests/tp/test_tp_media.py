@@ -1,4 +1,4 @@
-"""Vocab-parallel staging with media items (issue 12; issue 14, item 3): two gloo processes on CPU.
+"""Vocab-parallel staging with media items: two gloo processes on CPU.
 
 Each rank stages the batch with its vocab shard (``vocab_parallel_args``) and the
 media in one of the new forms: a list of items, tuples of column blocks
@@ -8,7 +8,7 @@ bit the slab one process stages with the whole table and the media concatenated
 into one tensor (the one-tensor path). The runner does the same in eager mode,
 with the all-reduce before the forward and inside it.
 
-As in tests/test_tp.py: one spawn serves the module (the kernels run under the
+As in tests/tp/test_tp.py: one spawn serves the module (the kernels run under the
 Triton interpreter, which conftest turns on and the children inherit); the
 workers save what they hold and the tests compare. A case that raises on a rank
 is recorded with its traceback (the ranks agree on it before any collective, so

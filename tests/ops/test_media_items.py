@@ -1,4 +1,4 @@
-"""Media as items (issue 12): lists of tensors, tuples of column blocks, pinned host items, src_start.
+"""Media as items: lists of tensors, tuples of column blocks, pinned host items, src_start.
 
 Every staged slab is compared, byte for byte, with an independent expectation
 built here row by row (``expected_slab``); it does not use slabstage's own

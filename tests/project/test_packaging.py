@@ -22,7 +22,7 @@ import slabstage
 
 pytestmark = pytest.mark.packaging
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
                               ".ruff_cache", ".benchmarks", ".hypothesis", "results", ".whl", ".gpu-out")
 

@@ -16,7 +16,7 @@ from slabstage.demo import run as demo_run
 from slabstage.models import ToyMultimodalModel
 
 HAS_CUDA = torch.cuda.is_available()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_runs_every_variant_on_cpu(capsys):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-PROFILE = Path(__file__).resolve().parents[1] / "bench" / "nvtx_workload.py"
+PROFILE = Path(__file__).resolve().parents[2] / "bench" / "nvtx_workload.py"
 
 
 def _load_profile_module():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from slabstage.bench.report import markdown
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 def test_capture_is_shown_as_seconds_a_bucket_not_as_a_subprocess_wall_time():

@@ -1,10 +1,8 @@
-"""Regression tests for defects 9-14 of slabstage.hf; each failed on the code before its fix.
-
-9: unclear errors (a grid that disagrees with the placeholders, a float chunk bound, a float
-grid, placeholders without a grid); 10: pack_requests took ids of two prompts, float ids and
-media for a text-only model; 11: items out of their order; 12: the DeepStack level count for
-repeated indexes or indexes past the vision tower; 13: length-dependent (dynamic) rope;
-14: the transformers lower bound (the last test installs that version into a temporary folder).
+"""Edge cases of slabstage.hf: clear errors (a grid that disagrees with the placeholders, a float chunk
+bound, a float grid, placeholders without a grid); pack_requests refusing ids of two prompts, float ids and
+media for a text-only model; items out of their order; the DeepStack level count for repeated indexes or
+indexes past the vision tower; length-dependent (dynamic) rope; the transformers lower bound (the last test
+installs that version into a temporary folder).
 
 Tiny random configs (slabstage.hf.tiny), nothing downloaded but the lower-bound test's wheels.
 """
@@ -30,7 +28,7 @@ from slabstage.hf._family import MIN_TRANSFORMERS  # noqa: E402
 from slabstage.hf.tiny import (IMAGE, PATCH, TEMPORAL, VIDEO, VISION_END, VISION_START, tiny_model,  # noqa: E402
                                 tiny_prompt)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
@@ -110,10 +108,10 @@ def models():
     return get
 
 
-# -- 9: clear errors -----------------------------------------------------------------------
+# -- clear errors -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
-def test_9_grid_that_disagrees_with_the_placeholders_is_a_value_error(models, family):
+def test_grid_that_disagrees_with_the_placeholders_is_a_value_error(models, family):
     model = models(family)
     ids, pv, grid = tiny_prompt(model, [(1, 4, 6)])  # 6 placeholder tokens
     items = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid)
@@ -129,7 +127,7 @@ def test_9_grid_that_disagrees_with_the_placeholders_is_a_value_error(models, fa
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
-def test_9_float_chunk_bound_is_a_type_error(models, family):
+def test_float_chunk_bound_is_a_type_error(models, family):
     model = models(family)
     ids, pv, grid = tiny_prompt(model, [] if family == "llama" else [(1, 4, 6)])
     req = dict(input_ids=ids)
@@ -144,7 +142,7 @@ def test_9_float_chunk_bound_is_a_type_error(models, family):
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_9_float_grid_is_a_type_error(models, family):
+def test_float_grid_is_a_type_error(models, family):
     model = models(family)
     ids, pv, grid = tiny_prompt(model, [(1, 4, 6)])
     items = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid)
@@ -160,7 +158,7 @@ def test_9_float_grid_is_a_type_error(models, family):
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
-def test_9_placeholders_without_a_grid_are_a_value_error(models, family):
+def test_placeholders_without_a_grid_are_a_value_error(models, family):
     model = models(family)
     ids, pv, grid = tiny_prompt(model, [(1, 4, 6)])
     items = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid)
@@ -173,10 +171,10 @@ def test_9_placeholders_without_a_grid_are_a_value_error(models, family):
         sshf.mrope_positions(model, ids, igrid)
 
 
-# -- 10: pack_requests refuses bad requests ------------------------------------------------
+# -- pack_requests refuses bad requests ------------------------------------------------
 
 @pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
-def test_10_ids_of_two_prompts_are_refused(models, family):
+def test_ids_of_two_prompts_are_refused(models, family):
     model = models(family)
     if family == "llama":
         ids, media = torch.randint(0, 80, (12,)), {}
@@ -196,7 +194,7 @@ def test_10_ids_of_two_prompts_are_refused(models, family):
             sshf.pack_requests(model, [sshf.Request(ids, **media, mrope_positions=whole.float())])
 
 
-def test_10_ids_that_are_not_integers_are_refused(models):
+def test_ids_that_are_not_integers_are_refused(models):
     model = models("llama")
     for bad in (torch.tensor([3.7, 1.0, 2.0]), torch.tensor([True, False])):
         with pytest.raises(TypeError, match="request 0: input_ids must hold integer token ids"):
@@ -206,7 +204,7 @@ def test_10_ids_that_are_not_integers_are_refused(models):
     assert sshf.pack_requests(model, [sshf.Request(torch.tensor([3, 1], dtype=torch.int32))]).num_tokens == 2
 
 
-def test_10_media_for_a_text_only_model_are_refused(models):
+def test_media_for_a_text_only_model_are_refused(models):
     vlm, llama = models("qwen2_vl"), models("llama")
     ids, pv, grid = tiny_prompt(vlm, [(1, 4, 6)])
     items = sshf.media_items(vlm, pixel_values=pv, image_grid_thw=grid)
@@ -217,10 +215,10 @@ def test_10_media_for_a_text_only_model_are_refused(models):
         sshf.pack_requests(llama, [sshf.Request(text), sshf.Request(text, image_grid_thw=grid)])
 
 
-# -- 11: items in their order --------------------------------------------------------------
+# -- items in their order --------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
-def test_11_items_in_prompt_order_with_a_video_first_are_refused(models, family):
+def test_items_in_prompt_order_with_a_video_first_are_refused(models, family):
     model = models(family)
     # video 8 rows, images 6 and 8 rows: the first two items (video, image 0) hold the 14 rows of both images
     ids, hf, images, videos, igrid, vgrid = _video_first_prompt(model, family, [(1, 4, 6), (1, 4, 8)])
@@ -233,7 +231,7 @@ def test_11_items_in_prompt_order_with_a_video_first_are_refused(models, family)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_11_swapped_images_are_refused(models, family):
+def test_swapped_images_are_refused(models, family):
     model = models(family)
     ids, pv, grid = tiny_prompt(model, [(1, 4, 6), (1, 8, 8)])  # 6 and 16 rows
     items = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid)
@@ -243,7 +241,7 @@ def test_11_swapped_images_are_refused(models, family):
         sshf.pack_requests(model, [sshf.Request(ids, items[:1], image_grid_thw=grid)])
 
 
-# -- 12: DeepStack levels as HF applies them ---------------------------------------------------
+# -- DeepStack levels as HF applies them ---------------------------------------------------
 
 @pytest.mark.parametrize("family, indexes, depth, layers, levels", [
     ("qwen3_vl", (1, 3, 9), 5, 3, 2),  # 9 is past the tower: two features
@@ -252,7 +250,7 @@ def test_11_swapped_images_are_refused(models, family):
     ("qwen3_vl", (3, 1), 4, 2, 2),  # features come in block order: block 1's first
     ("qwen3_vl_moe", (1, 1, 5), 3, 2, 1),
 ])
-def test_12_deepstack_levels_are_those_hf_applies(family, indexes, depth, layers, levels):
+def test_deepstack_levels_are_those_hf_applies(family, indexes, depth, layers, levels):
     model = tiny_model(family, deepstack_indexes=indexes, vision_depth=depth, layers=layers)
     assert sshf.input_embeds_width(model) == 32 * (1 + levels)
     g = torch.Generator().manual_seed(1)
@@ -266,7 +264,7 @@ def test_12_deepstack_levels_are_those_hf_applies(family, indexes, depth, layers
     _assert_matches_hf(model, requests, media)
 
 
-# -- 13: length-dependent rope -------------------------------------------------------------
+# -- length-dependent rope -------------------------------------------------------------
 
 DYNAMIC = {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": [1.0, 2.0, 3.0, 4.0],
@@ -275,7 +273,7 @@ LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": [1.0,
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("rope", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
-def test_13_rope_that_depends_on_the_sequence_length_is_refused(family, rope):
+def test_rope_that_depends_on_the_sequence_length_is_refused(family, rope):
     model = tiny_model(family, rope=rope)
     kind = rope["rope_type"]
     with pytest.raises(ValueError, match=f"prefill_forward: .* uses rope type '{kind}'.* not supported"):
@@ -288,16 +286,16 @@ def test_13_rope_that_depends_on_the_sequence_length_is_refused(family, rope):
 @pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
                                   {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                    "original_max_position_embeddings": 1024}], ids=["linear", "yarn"])
-def test_13_fixed_frequency_rope_still_matches_hf(rope):
+def test_fixed_frequency_rope_still_matches_hf(rope):
     model = tiny_model("llama", rope=rope)
     g = torch.Generator().manual_seed(0)
     requests = [sshf.Request(torch.randint(0, 80, (n,), generator=g)) for n in (7, 30)]
     _assert_matches_hf(model, requests, [{}, {}])
 
 
-# -- 14: the transformers lower bound -----------------------------------------------------------
+# -- the transformers lower bound -----------------------------------------------------------
 
-def test_14_older_transformers_is_refused_on_first_use(models, monkeypatch):
+def test_older_transformers_is_refused_on_first_use(models, monkeypatch):
     import transformers
 
     model = models("qwen2_vl")
@@ -309,7 +307,7 @@ def test_14_older_transformers_is_refused_on_first_use(models, monkeypatch):
     assert sshf.input_embeds_width(model) == 32
 
 
-def test_14_extras_pin_the_supported_minimum():
+def test_extras_pin_the_supported_minimum():
     text = (ROOT / "pyproject.toml").read_text()
     major_minor = ".".join(MIN_TRANSFORMERS.split(".")[:2])
     for extra in ("hf", "test"):
@@ -319,7 +317,7 @@ def test_14_extras_pin_the_supported_minimum():
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-def test_14_get_rope_index_without_mm_token_type_ids(models, family, monkeypatch):
+def test_get_rope_index_without_mm_token_type_ids(models, family, monkeypatch):
     """transformers 5.1's get_rope_index takes no mm_token_type_ids (it finds the placeholders from the ids)."""
     model = models(family)
     ids, hf, _, _, igrid, vgrid = _video_first_prompt(model, family, [(1, 4, 6)])
@@ -422,7 +420,7 @@ def _lower_bound_site(version: str) -> Path:
     return site
 
 
-def test_14_vlm_paths_work_and_match_hf_at_the_minimum_transformers():
+def test_vlm_paths_work_and_match_hf_at_the_minimum_transformers():
     site = _lower_bound_site(MIN_TRANSFORMERS)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])

@@ -1,7 +1,8 @@
-"""Regression tests for issue 11's kernel-side defects (a, b, c, f, h, l, n, o), one group per letter.
-
-Each failed on the code before the fix (see the closing note of issue 11); the
-staging-side ones (d, e, g, i, j, k, m) are in test_defects_staging.py.
+"""Edge cases of the staging kernels and the ops around them: every destination slot checked, overlapping
+storage refused, non-finite scales refused and padding +0.0 whatever the scale, arguments checked before any
+write, no silent narrowing into int32 slots, no autograd history on the reference path, the custom op's
+errors, staging from several threads and bf16 subnormals. (Staging state, widths and spans:
+tests/contract/test_staging_edge_cases.py.)
 """
 
 import threading
@@ -34,8 +35,8 @@ def _inputs(n=10, seed=0):
     return torch.randint(0, V, (n,), generator=g), torch.randn(V, W, generator=g)
 
 
-# -- a: every destination slot is checked ----------------------------------------------------------------
-def test_defect_a_empty_token_count_slot_is_refused():
+# -- every destination slot is checked ----------------------------------------------------------------
+def test_empty_token_count_slot_is_refused():
     buf = _buffers()
     buf.registry.replace("num_tokens_non_padded", buf.num_tokens_non_padded[:0])
     ids, _ = _inputs()
@@ -45,7 +46,7 @@ def test_defect_a_empty_token_count_slot_is_refused():
     _unchanged(buf, snap)
 
 
-def test_defect_a_slot_of_another_dtype_or_device_is_refused():
+def test_slot_of_another_dtype_or_device_is_refused():
     buf = _buffers()
     buf.registry.replace("seq_lens", torch.zeros(4, dtype=torch.float32))
     ids, _ = _inputs()
@@ -53,8 +54,8 @@ def test_defect_a_slot_of_another_dtype_or_device_is_refused():
         ss.stage_token_inputs(buf, input_ids=ids, positions=torch.arange(10), pad_to=12)
 
 
-# -- b: overlapping storage ---------------------------------------------------------------------------------
-def test_defect_b_table_overlapping_the_slab_is_refused():
+# -- overlapping storage ---------------------------------------------------------------------------------
+def test_table_overlapping_the_slab_is_refused():
     slab = torch.randn(T, W)
     ids = torch.randperm(T)[:20]
     before = slab.clone()
@@ -63,7 +64,7 @@ def test_defect_b_table_overlapping_the_slab_is_refused():
     assert torch.equal(slab, before)
 
 
-def test_defect_b_media_overlapping_the_slab_is_refused():
+def test_media_overlapping_the_slab_is_refused():
     slab = torch.randn(T, W)
     ids, table = _inputs()
     index = torch.tensor([0, 1, 2, 3] + [-1] * 6)
@@ -73,16 +74,16 @@ def test_defect_b_media_overlapping_the_slab_is_refused():
     assert torch.equal(slab, before)
 
 
-# -- c: text_scale ------------------------------------------------------------------------------------------
+# -- text_scale ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
-def test_defect_c_non_finite_scale_is_refused(scale):
+def test_non_finite_scale_is_refused(scale):
     ids, table = _inputs()
     slab = torch.randn(T, W)
     with pytest.raises(ValueError, match="text_scale"):
         ss.stage_embeddings(slab, ids, table, text_scale=scale, pad_to=12)
 
 
-def test_defect_c_padding_and_bad_rows_are_plus_zero_whatever_the_scale():
+def test_padding_and_bad_rows_are_plus_zero_whatever_the_scale():
     ids, table = _inputs()
     ids[3] = V + 5  # a bad id: the row is zero-filled
     slab = torch.full((T, W), float("nan"))
@@ -94,9 +95,9 @@ def test_defect_c_padding_and_bad_rows_are_plus_zero_whatever_the_scale():
     assert torch.equal(slab[good], table[ids[good]] * -2.0)
 
 
-# -- f: nothing written before an error; no OverflowError -----------------------------------------------------
+# -- nothing written before an error; no OverflowError -----------------------------------------------------
 @pytest.mark.parametrize("bad", [dict(vocab_size=2**64), dict(text_scale=10**400), dict(vocab_range=(0, 2**70))])
-def test_defect_f_out_of_range_arguments_are_refused_before_any_write(bad):
+def test_out_of_range_arguments_are_refused_before_any_write(bad):
     buf = _buffers()
     ids, table = _inputs()
     batch = ss.PrefillBatch(input_ids=ids, positions=torch.arange(10), table=table, **bad)
@@ -109,9 +110,9 @@ def test_defect_f_out_of_range_arguments_are_refused_before_any_write(bad):
     _unchanged(buf, snap)
 
 
-# -- h: no silent truncation into int32 slots --------------------------------------------------------------
+# -- no silent truncation into int32 slots --------------------------------------------------------------
 @pytest.mark.parametrize("slot, value", [("out_cache_loc", 2**32 + 5), ("seq_lens", 2**31)])
-def test_defect_h_host_values_that_do_not_fit_are_refused(slot, value):
+def test_host_values_that_do_not_fit_are_refused(slot, value):
     buf = _buffers(cache_loc_dtype=torch.int32)
     ids, _ = _inputs()
     kw = dict(input_ids=ids, positions=torch.arange(10), pad_to=12)
@@ -127,7 +128,7 @@ def test_defect_h_host_values_that_do_not_fit_are_refused(slot, value):
 
 
 @pytest.mark.cuda
-def test_defect_h_device_values_that_do_not_fit_are_recorded():
+def test_device_values_that_do_not_fit_are_recorded():
     buf = _buffers("cuda", cache_loc_dtype=torch.int32)
     ids = torch.randint(0, V, (10,), device="cuda")
     loc = torch.full((10,), 2**32 + 5, dtype=torch.int64, device="cuda")
@@ -137,8 +138,8 @@ def test_defect_h_device_values_that_do_not_fit_are_recorded():
         ss.raise_if_errors(buf.errors)
 
 
-# -- l: the reference path records no autograd history -------------------------------------------------------
-def test_defect_l_reference_path_records_no_history():
+# -- the reference path records no autograd history -------------------------------------------------------
+def test_reference_path_records_no_history():
     ids, table = _inputs()
     table.requires_grad_(True)
     slab = torch.zeros(T, W)
@@ -147,8 +148,8 @@ def test_defect_l_reference_path_records_no_history():
     assert not slab.requires_grad and slab.grad_fn is None
 
 
-# -- n: clear errors from the custom op wrapper -----------------------------------------------------------------
-def test_defect_n_custom_op_with_a_list_names_the_argument():
+# -- clear errors from the custom op wrapper -----------------------------------------------------------------
+def test_custom_op_with_a_list_names_the_argument():
     from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op
 
     if not HAS_CUSTOM_OPS:
@@ -158,8 +159,8 @@ def test_defect_n_custom_op_with_a_list_names_the_argument():
         stage_embeddings_op(torch.zeros(T, W), [1, 2, 3], table)
 
 
-# -- o: interpreter limits ---------------------------------------------------------------------------------
-def test_defect_o_staging_from_several_threads():
+# -- interpreter limits ---------------------------------------------------------------------------------
+def test_staging_from_several_threads():
     ids, table = _inputs(20)
     slabs = [torch.full((T, W), float("nan")) for _ in range(6)]
     failures = []
@@ -180,7 +181,7 @@ def test_defect_o_staging_from_several_threads():
         assert torch.equal(slab[:20], table[ids]) and torch.equal(slab[20:24], torch.zeros(4, W))
 
 
-def test_defect_o_bf16_subnormals_are_staged_exactly():
+def test_bf16_subnormals_are_staged_exactly():
     table = torch.tensor([[9.18e-41, -1e-40, 5e-39, 1.0]] * 4, dtype=torch.float32).to(torch.bfloat16)
     assert table[0, 0].item() != 0.0  # a bf16 subnormal
     slab = torch.full((8, 4), float("nan"))

@@ -13,7 +13,7 @@ import slabstage as ss
 
 pytest.importorskip("transformers")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "hf_llama.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "hf_llama.py"
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ sets the CUDA step count; ``SLABSTAGE_SOAK_OUT`` names a JSON file for the
 one-line summary (also printed; run pytest with ``-s`` to see it). The CPU
 variant (a few dozen steps, eager, Triton under the interpreter) always runs.
 
-    SLABSTAGE_SOAK_STEPS=10000 SLABSTAGE_SOAK_OUT=soak.json python -m pytest tests/test_soak.py -m slow -s
+    SLABSTAGE_SOAK_STEPS=10000 SLABSTAGE_SOAK_OUT=soak.json python -m pytest tests/runner/test_soak.py -m slow -s
 """
 
 from __future__ import annotations

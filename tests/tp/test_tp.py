@@ -358,7 +358,7 @@ def test_gloo_helpers_refuse_bad_calls(gloo):
 # Two GPUs: NCCL, graphs, both placements
 # ==================================================================================================
 GPU_VOCAB, GPU_PADDING = 1000, 64
-# deepstack3_items (issue 14, item 2): slab H * (1 + 3), the media staged as column-block items
+# deepstack3_items: slab H * (1 + 3), the media staged as column-block items
 GPU_RUNNER_CONFIGS = (("plain", "bf16"), ("plain", "fp32"), ("deepstack", "bf16"), ("hc", "bf16"),
                       ("deepstack3_items", "bf16"), ("deepstack3_items", "fp32"))
 GPU_SIZES = (8, 13, 40, 64, 90)  # 90: past the largest bucket, eager

@@ -15,7 +15,7 @@ import pytest
 
 import slabstage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted([*ROOT.glob("bench/*.py"), *ROOT.glob("tools/*.py")])
 SHELL = sorted(ROOT.glob("tools/*.sh"))
 

@@ -3,7 +3,7 @@
 Each script has one check here or in the test named in ``CHECKS``: a Python script answers ``--help``
 (and runs a CPU mode where it has one); a shell script names only files that exist, Python modules that
 import, and options its Python scripts and slabstage's commands take; the phases ``gpu_run_phases.sh``
-runs are the ones tools/README.md lists. (``tests/test_scripts.py`` parses the shell scripts with
+runs are the ones tools/README.md lists. (``tests/project/test_scripts.py`` parses the shell scripts with
 ``bash -n`` and checks the slabstage names every Python script uses.)
 """
 
@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools"
 README = (TOOLS / "README.md").read_text()
 
 # each script in tools/ and where its CPU check lives
 CHECKS = {
-    "compile_stage_kernel.py": "tests/test_stage_kernel_codegen.py",  # compiles for sm_90, counts 16-byte loads
-    "sanitize_workload.py": "tests/test_sanitize_workload.py",  # --small runs to its OK line
+    "compile_stage_kernel.py": "tests/ops/test_stage_kernel_codegen.py",  # compiles for sm_90, counts 16-byte loads
+    "sanitize_workload.py": "tests/project/test_sanitize_workload.py",  # --small runs to its OK line
     "probe_capture_memory.py": __name__,
     "gpu_full_pass.sh": __name__,
     "gpu_hf.sh": __name__,

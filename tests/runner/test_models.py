@@ -102,7 +102,7 @@ def test_packed_causal_mask():
 # Matmuls and attention over a different number of rows may block their reductions differently,
 # so rows agree to rounding, not bit for bit: fp32 with a tight tolerance (a little looser on CUDA,
 # where attention kernels tile the key axis). Bit-exactness is claimed, and tested, only between a
-# graph replay and an eager forward at the same bucket (tests/test_graph_runner.py).
+# graph replay and an eager forward at the same bucket (tests/runner/test_graph_runner.py).
 def tight(device):
     return dict(rtol=1e-5, atol=1e-5) if device.type == "cpu" else dict(rtol=1e-4, atol=1e-4)
 

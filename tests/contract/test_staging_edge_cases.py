@@ -1,7 +1,6 @@
-"""Regression tests for the issue-11 defects in staging, the error word and media_index.
-
-One test (or parametrized group) per defect letter; each failed on the code before its fix.
-"""
+"""Edge cases of staging state and its checks: the error word under races and inference mode, buffers made
+under inference mode, pad values a dtype cannot hold, width attributes that raise, media widths, what
+allocate refuses, overflow refused before any write, and unclear span errors."""
 
 import threading
 import time
@@ -43,7 +42,7 @@ def mask_path(request, monkeypatch):
 # ==================================================================================================
 # d. the default error word is created once per device, whatever the threads
 # ==================================================================================================
-def test_defect_d_error_word_race(device, fresh_default_words, monkeypatch):
+def test_error_word_race(device, fresh_default_words, monkeypatch):
     made = []
     real = errors_module.new_error_word
 
@@ -75,7 +74,7 @@ def test_defect_d_error_word_race(device, fresh_default_words, monkeypatch):
 # ==================================================================================================
 # e / m. inference mode: words and buffers made inside it work outside it, and the other way round
 # ==================================================================================================
-def test_defect_e_default_word_first_made_under_inference_mode(device, fresh_default_words, mask_path):
+def test_default_word_first_made_under_inference_mode(device, fresh_default_words, mask_path):
     mask = torch.tensor([True, False, True, True, False], device=device)
     with torch.inference_mode():
         media_index_from_mask(mask, 2)  # the first use of the default word: 3 placeholders, 2 rows
@@ -94,7 +93,7 @@ def test_defect_e_default_word_first_made_under_inference_mode(device, fresh_def
     assert word.tolist() == CLEAN
 
 
-def test_defect_e_new_error_word_under_inference_mode(device):
+def test_new_error_word_under_inference_mode(device):
     with torch.inference_mode():
         word = new_error_word(device)
     assert not word.is_inference() and word.tolist() == CLEAN
@@ -103,7 +102,7 @@ def test_defect_e_new_error_word_under_inference_mode(device):
     assert word.tolist() == CLEAN
 
 
-def test_defect_e_user_word_made_under_inference_mode(device, mask_path):
+def test_user_word_made_under_inference_mode(device, mask_path):
     """A word the user made as an inference tensor is written, read and reset outside inference mode."""
     with torch.inference_mode():
         word = torch.zeros(4, dtype=torch.int32, device=device)
@@ -122,7 +121,7 @@ def test_defect_e_user_word_made_under_inference_mode(device, mask_path):
     assert word.tolist() == word_before
 
 
-def test_defect_m_buffers_allocated_under_inference_mode(device):
+def test_buffers_allocated_under_inference_mode(device):
     with torch.inference_mode():
         buf = allocate(device, mrope=True)
     tensors = {name: buf.registry[name] for name in buf.registry}
@@ -147,7 +146,7 @@ def test_defect_m_buffers_allocated_under_inference_mode(device):
     (torch.float32, 10**400),
     (torch.bfloat16, -1e300),
 ], ids=lambda v: str(v)[:16])
-def test_defect_g_pad_the_dtype_cannot_hold(dtype, pad, device):
+def test_pad_the_dtype_cannot_hold(dtype, pad, device):
     reg = BufferRegistry()
     with pytest.raises(ValueError, match="'x'") as info:
         reg.register("x", torch.zeros(5, dtype=dtype, device=device), pad=pad)
@@ -155,7 +154,7 @@ def test_defect_g_pad_the_dtype_cannot_hold(dtype, pad, device):
     assert "x" not in reg
 
 
-def test_defect_g_replace_with_a_dtype_that_cannot_hold_the_pad(device):
+def test_replace_with_a_dtype_that_cannot_hold_the_pad(device):
     reg = BufferRegistry()
     old = reg.register("x", torch.zeros(5, dtype=torch.int64, device=device), pad=2**40)
     with pytest.raises(ValueError, match="'x'"):
@@ -165,7 +164,7 @@ def test_defect_g_replace_with_a_dtype_that_cannot_hold_the_pad(device):
 
 
 @pytest.mark.parametrize("axis", [0.5, 1.0, "0", True, [0]], ids=repr)
-def test_defect_g_token_axis_not_an_int(axis, device):
+def test_token_axis_not_an_int(axis, device):
     reg = BufferRegistry()
     with pytest.raises(TypeError, match="'x'.*token_axis"):
         reg.register("x", torch.zeros(4, 3, device=device), token_axis=axis)
@@ -209,14 +208,14 @@ class _ModuleWithRaisingProperty(nn.Module):
                                         (_PropertyRaisesKeyError, "KeyError"),
                                         (_InheritsRaisingProperty, "deepstack_levels"),
                                         (_ModuleWithRaisingProperty, "missing_width")])
-def test_defect_i_width_property_raising_is_not_absent(cls, cause):
+def test_width_property_raising_is_not_absent(cls, cause):
     with pytest.raises(WidthContractError, match=f"{cls.__name__}.input_embeds_hidden_size") as info:
         resolve_input_embeds_width(cls(), 32)
     assert cause in str(info.value)  # says what went wrong inside the declaration
     assert info.value.__cause__ is not None  # and keeps the original error
 
 
-def test_defect_i_absent_attribute_still_falls_back():
+def test_absent_attribute_still_falls_back():
     class Plain:
         pass
 
@@ -247,7 +246,7 @@ def test_defect_i_absent_attribute_still_falls_back():
     (32, 96, 32, None),
     (32, 100, 32, "repeat"),  # the text width, but does not divide the slab
 ])
-def test_defect_j_media_width_neither_slab_nor_text(media, slab, text, expand):
+def test_media_width_neither_slab_nor_text(media, slab, text, expand):
     from slabstage.staging.width import check_media_width
     with pytest.raises(WidthContractError) as info:
         check_media_width("media", media, slab, text, expand)
@@ -259,7 +258,7 @@ def test_defect_j_media_width_neither_slab_nor_text(media, slab, text, expand):
     (96, 96, 32, "zeros"), (96, 96, 32, "repeat"), (96, 96, 96, "zeros"), (96, 96, 32, "anything"),
     (32, 96, 32, "zeros"), (32, 96, 32, "repeat"), (96, 96, 96, None),
 ])
-def test_defect_j_media_width_accepted(media, slab, text, expand):
+def test_media_width_accepted(media, slab, text, expand):
     from slabstage.staging import check_media_width
     assert check_media_width("media", media, slab, text, expand) is None
 
@@ -276,7 +275,7 @@ def test_defect_j_media_width_accepted(media, slab, text, expand):
     (dict(max_batch_size=2**63), ValueError, "max_batch_size"),
     (dict(embed_width=2**64), ValueError, "embed_width"),
 ], ids=lambda v: repr(v) if isinstance(v, dict) else "")
-def test_defect_k_allocate_refuses_what_staging_refuses(kw, exc, match, device):
+def test_allocate_refuses_what_staging_refuses(kw, exc, match, device):
     with pytest.raises(exc, match=match):
         allocate(device, **kw)
 
@@ -296,7 +295,7 @@ def test_defect_k_allocate_refuses_what_staging_refuses(kw, exc, match, device):
     (lambda d: media_index_from_mask(torch.tensor([True, False], device=d), 2**31, errors=new_error_word(d)),
      ValueError, "num_media_rows"),
 ])
-def test_defect_f_overflow_refused_before_any_write(call, exc, match, device):
+def test_overflow_refused_before_any_write(call, exc, match, device):
     word = new_error_word(device)
     with pytest.raises(exc, match=match):
         call(device)
@@ -314,7 +313,7 @@ def test_defect_f_overflow_refused_before_any_write(call, exc, match, device):
     ([(0, 1, 2**31)], ValueError, r"span 0 .*src_start.*int32"),
     ([(0, 1, 0), (1, 1, 2**40)], ValueError, r"span 1 .*src_start.*int32"),
 ], ids=repr)
-def test_defect_n_unclear_span_errors(spans, exc, match, device):
+def test_unclear_span_errors(spans, exc, match, device):
     with pytest.raises(exc, match=match):
         media_index_from_spans(spans, 8, device=device)
 
