@@ -22,7 +22,8 @@ from .checks import check_bool, check_choice, check_int, check_real, check_tenso
 from .kernels.errors import check_error_word, default_error_word
 from .kernels.launch import Inputs, Stager
 from .kernels.stage_embeddings import stage_embeddings
-from .kernels.validate import Destinations, vocab_bounds
+from .kernels.destinations import Destinations
+from .kernels.validate import vocab_bounds
 from .staging.buffers import StagingBuffers
 from .staging.slots import SLOTS, SOURCE_SLOTS
 

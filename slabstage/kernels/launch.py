@@ -1,6 +1,6 @@
 """The one staging path: check a batch, write its parameter block, launch the kernel over it.
 
-A :class:`Stager` serves one set of destinations (:class:`~slabstage.kernels.validate.Destinations`):
+A :class:`Stager` serves one set of destinations (:class:`~slabstage.kernels.destinations.Destinations`):
 the runner's buffers, a ``stage_token_inputs`` call's buffers, a ``stage_embeddings``
 call's slab. :meth:`Stager.prepare` checks a batch (nothing is written when that
 raises) and writes its parameter block into the next slot of the pinned ring.
@@ -29,7 +29,8 @@ from .mrope import SEGMENT_WORDS
 from .reference import stage_reference
 from .runtime import launch_lock, next_pow2, use_triton
 from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, launch_settings, stage_kernel
-from .validate import LAYOUT_SLOT, Checked, Destinations, check_batch
+from .destinations import Destinations
+from .validate import LAYOUT_SLOT, Checked, check_batch
 
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch"]
 

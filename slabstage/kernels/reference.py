@@ -133,7 +133,8 @@ def stage_embeddings_reference(slab, input_ids, table, *, errors, pad_to=None, m
     """:func:`slabstage.stage_embeddings` in PyTorch, whatever the device: the same validation, then
     :func:`stage_reference` (for tests and tools that compare the kernel with it)."""
     from .launch import Inputs
-    from .validate import Destinations, check_batch
+    from .destinations import Destinations
+    from .validate import check_batch
 
     dst = Destinations(slab=slab, errors=errors, host_ok=False)
     src = Inputs(input_ids=input_ids, table=table, media=media, media_index=media_index, expand=expand,

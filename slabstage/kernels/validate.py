@@ -2,7 +2,7 @@
 
 Two halves, one function each:
 
-- :class:`Destinations` checks what a stager writes (the slab, every integer slot,
+- :class:`~slabstage.kernels.destinations.Destinations` checks what a stager writes (the slab, every integer slot,
   the error word) once per set of destinations;
 - :func:`check_batch` checks a batch against them. What a *configuration* fixes
   (each input's kind, dtype, device and rank, the table's and the media tensor's
@@ -19,118 +19,20 @@ what was expected, through :mod:`slabstage.checks`.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from operator import itemgetter
 
 import torch
 
-from ..checks import (FLOAT_DTYPES, INT32_MAX, INT_DTYPES, byte_span, check_bool, check_choice, check_fill,
-                      check_int, check_real, check_tensor, overlap_message)
-from ..staging.slots import COUNT, REQUESTS, ROWS, SLOTS, SOURCE_SLOTS
+from ..checks import FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_bool, check_choice, check_int, check_real, check_tensor
+from ..staging.slots import REQUESTS, ROWS, SOURCE_SLOTS
 from ..staging.width import check_source_width
-from .errors import check_error_word
+from .destinations import INT_BITS, Destinations
 from .media import MediaPlan, describe_media
 from .mrope import check_layouts, mrope_segments
 
-__all__ = ["Destinations", "Checked", "check_batch", "check_sources"]
+__all__ = ["Checked", "check_batch", "check_sources", "vocab_bounds", "LAYOUT_SLOT"]
 
-_REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
-_INT_BITS = {torch.int32: 32, torch.int64: 64}
 _INT_RANGE = {torch.int32: (-(2**31), 2**31 - 1), torch.int64: (-(2**63), 2**63 - 1)}
-
-
-class Destinations:
-    """What one stager writes, checked: the slab (or None), one tensor per row of
-    :data:`~slabstage.staging.slots.SLOTS` (None where the stager writes no such slot), the error word.
-
-    ``host_ok``: integer inputs may be host tensors (they travel in the parameter block).
-    ``capacity``: the most tokens every destination holds.
-    """
-
-    def __init__(self, *, slab=None, slots=None, fills=None, errors, host_ok: bool, device=None,
-                 batch_cap: int | None = None) -> None:
-        if slab is not None:
-            check_tensor("slab", slab, dtypes=FLOAT_DTYPES, dims=2)
-            device = slab.device
-        self.device, self.slab, self.host_ok = device, slab, host_ok
-        self.slots = tuple(slots) if slots is not None else (None,) * len(SLOTS)
-        self.fills = tuple(fills) if fills is not None else (None,) * len(SLOTS)
-        named = []
-        if slab is not None:
-            if slab.stride() != (slab.shape[1], 1):
-                raise ValueError(f"slab rows must be contiguous with stride ({slab.shape[1]}, 1), got {slab.stride()}")
-            named.append(("the slab", slab))
-        lengths = [t.shape[0] for spec, t in zip(SLOTS, self.slots)
-                   if t is not None and spec.kind == REQUESTS and t.dim() == 1]
-        self.batch_cap = batch_cap if batch_cap is not None else min(lengths, default=0)  # per-request rows
-        rows = [slab.shape[0]] if slab is not None else []
-        for spec, t, fill in zip(SLOTS, self.slots, self.fills):
-            if t is None:
-                continue
-            what = f"slot {spec.name!r}"
-            check_tensor(what, t, dtypes=INT_DTYPES, device=device)
-            if spec.kind == ROWS:
-                check_tensor(what, t, dims=2, shape=(spec.rows, None))
-                if t.shape[1] > 1 and t.stride(1) != 1:
-                    raise ValueError(f"{what} must have contiguous rows, got stride {t.stride()}")
-                rows.append(t.shape[1])
-            else:
-                check_tensor(what, t, dims=1)
-                need = {COUNT: 1, REQUESTS: self.batch_cap}.get(spec.kind, 0)
-                if t.shape[0] < need:
-                    raise ValueError(f"{what} holds {t.shape[0]} entries, needs at least {need}")
-                if spec.kind not in (COUNT, REQUESTS):
-                    rows.append(t.shape[0])
-            if fill is not None:
-                check_fill(f"{what} pad", fill, t.dtype)
-            named.append((what, t))
-        check_error_word(errors, device, "the slab" if slab is not None else "the buffers")
-        self.errors = errors
-        named.append(("the error word", errors))
-        self.capacity = min(rows) if rows else 0
-        for k, (a, t) in enumerate(named):  # destinations that share storage would overwrite each other
-            for b, u in named[k + 1:]:
-                if _touch(t, u):
-                    raise ValueError(overlap_message(b, a))
-        spans = sorted((*byte_span(t), name) for name, t in named if t.numel())  # apart from each other
-        self._starts, self._ends, self._names = [s[0] for s in spans], [s[1] for s in spans], [s[2] for s in spans]
-        self.lo = spans[0][0] if spans else 0
-        self.hi = spans[-1][1] if spans else 0
-        self.host = host_ok and device.type == "cuda"  # host integer inputs travel in the parameter block
-        # per SOURCE_SLOTS row: the bits of the slot's dtype (0: the stager writes no such slot)
-        self.bits = tuple(_INT_BITS[t.dtype] if t is not None else 0 for t in self.slots[:len(SOURCE_SLOTS)])
-
-    def _hit(self, start: int, end: int) -> str | None:
-        """The name of a destination that bytes ``[start, end)`` (a source's) overlap, or None."""
-        if end <= self.lo or start >= self.hi or start == end:
-            return None
-        i = bisect_right(self._starts, start)  # the destinations are apart: two neighbours to look at
-        if i and self._ends[i - 1] > start:
-            return self._names[i - 1]
-        if i < len(self._starts) and self._starts[i] < end:
-            return self._names[i]
-        return None
-
-    def clear_of(self, src_name: str, start: int, end: int) -> None:
-        """Raise unless bytes ``[start, end)`` (a source's) miss every destination."""
-        name = self._hit(start, end)
-        if name is not None:
-            raise ValueError(overlap_message(src_name, name))
-
-    def clear_of_all(self, lows, highs, spans) -> None:
-        """:meth:`clear_of` for every ``[lows[k], highs[k])``; ``spans()`` yields ``(name, start, end)`` of the
-        same spans, for the error's name (only made when one overlaps)."""
-        if any(map(self._hit, lows, highs)):
-            for name, start, end in spans():
-                self.clear_of(name, start, end)
-
-
-def _touch(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device != b.device or not a.numel() or not b.numel():
-        return False
-    a0, a1 = byte_span(a)
-    b0, b1 = byte_span(b)
-    return a0 < b1 and b0 < a1
 
 
 class Checked:
@@ -333,7 +235,7 @@ def _check_lengths(given, reads, slots, n: int, dst: Destinations | None = None)
         if dst is None:
             continue
         if r[2] < 0:  # a host input: its values must fit its slot (a device one is flagged on the device)
-            if dst.bits[k] < _INT_BITS[r[1]]:
+            if dst.bits[k] < INT_BITS[r[1]]:
                 _check_values(_NAMES[k], given[k], slots[k].dtype)
             if dst.host:
                 continue  # copied into the block: apart from every destination
@@ -375,7 +277,7 @@ def _check_configuration(dst: Destinations, given, table, media, index, expand, 
 def _check_values(name: str, t: torch.Tensor, slot_dtype: torch.dtype) -> None:
     """A host input whose values its slot's dtype cannot hold is refused (a device one is flagged on the
     device): a narrowing copy is never silent."""
-    if _INT_BITS[slot_dtype] >= _INT_BITS[t.dtype] or not t.is_cpu or not t.numel():
+    if INT_BITS[slot_dtype] >= INT_BITS[t.dtype] or not t.is_cpu or not t.numel():
         return
     lo, hi = _INT_RANGE[slot_dtype]
     values = t.numpy()  # a host tensor: numpy's min and max cost a fraction of torch's
