@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
+from itertools import repeat
 
 import torch
 
@@ -84,12 +85,8 @@ class Destinations:
         """The name of a destination that bytes ``[start, end)`` (a source's) overlap, or None."""
         if end <= self.lo or start >= self.hi or start == end:
             return None
-        i = bisect_right(self._starts, start)  # the destinations are apart: two neighbours to look at
-        if i and self._ends[i - 1] > start:
-            return self._names[i - 1]
-        if i < len(self._starts) and self._starts[i] < end:
-            return self._names[i]
-        return None
+        j = bisect_right(self._ends, start)  # the destinations are apart and sorted: the first ending past start
+        return self._names[j] if j < len(self._starts) and self._starts[j] < end else None
 
     def clear_of(self, src_name: str, start: int, end: int) -> None:
         """Raise unless bytes ``[start, end)`` (a source's) miss every destination."""
@@ -97,10 +94,11 @@ class Destinations:
         if name is not None:
             raise ValueError(overlap_message(src_name, name))
 
-    def clear_of_all(self, lows, highs, spans) -> None:
-        """:meth:`clear_of` for every ``[lows[k], highs[k])``; ``spans()`` yields ``(name, start, end)`` of the
-        same spans, for the error's name (only made when one overlaps)."""
-        if any(map(self._hit, lows, highs)):
+    def clear_of_all(self, lows: list, highs: list, spans) -> None:
+        """:meth:`clear_of` for every ``[lows[k], highs[k])`` (each non-empty); ``spans()`` yields ``(name, start,
+        end)`` of the same spans, for the error's name (only made when one overlaps). A span misses every
+        destination when as many destinations start before its end as end at or before its start."""
+        if list(map(bisect_left, repeat(self._starts), highs)) != list(map(bisect_right, repeat(self._ends), lows)):
             for name, start, end in spans():
                 self.clear_of(name, start, end)
 

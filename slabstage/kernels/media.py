@@ -12,6 +12,10 @@ kernel reads them through their mapped address); an empty item is never read.
 
 from __future__ import annotations
 
+from functools import reduce
+from itertools import accumulate, repeat
+from operator import add, attrgetter, or_, sub
+
 import torch
 
 from ..checks import FLOAT_DTYPES, check_tensor
@@ -20,29 +24,36 @@ from .params import FLOAT_BYTES
 
 __all__ = ["MediaPlan", "describe_media"]
 
-_data_ptr, _stride, _size = torch.Tensor.data_ptr, torch.Tensor.stride, torch.Tensor.size
+_T = torch.Tensor
+_data_ptr, _stride, _size, _device, _is_cpu = _T.data_ptr, _T.stride, _T.size, _T.get_device, _T.is_cpu.__get__
+_dtype = attrgetter("dtype")
 
 
 class MediaPlan:
     """Media checked and laid out for the kernel (see the module docstring)."""
 
-    __slots__ = ("items", "rows", "width", "dtype", "starts", "fields", "blocks", "vec", "lows", "highs")
+    __slots__ = ("media", "rows", "width", "dtype", "starts", "fields", "blocks", "vec", "lows", "highs")
 
-    def __init__(self, items, rows, width, dtype, starts, fields, blocks, vec, lows, highs):
-        self.items = items  # each item as a tuple of its column blocks
+    def __init__(self, media, rows, width, dtype, starts, fields, blocks, vec, lows, highs):
+        self.media = media  # the items as given: tensors, or tuples of column blocks
         self.rows, self.width, self.dtype = rows, width, dtype
         self.starts = starts  # first media row of each item
         self.fields = fields  # (address, row stride, first column, end column) per item and block
         self.blocks = blocks  # column blocks per item in ``fields`` (an item with fewer is padded)
         self.vec = vec  # every address, row stride and block column in whole 16-byte vectors
-        self.lows, self.highs = lows, highs  # the bytes every block read spans, for the overlap checks
+        self.lows, self.highs = lows, highs  # the bytes every block read spans (a block with rows and columns)
+
+    @property
+    def items(self) -> tuple:
+        """Each item as a tuple of its column blocks."""
+        return _items(self.media)
 
     def spans(self):
         """``(name, first byte, end byte)`` of every block read, named as the errors name them."""
         k = 0
         for i, blocks in enumerate(self.items):
             for j, t in enumerate(blocks):
-                if t.shape[0]:
+                if t.shape[0] and t.shape[1]:
                     yield f"media item {i}" + (f" block {j}" if len(blocks) > 1 else ""), self.lows[k], self.highs[k]
                     k += 1
 
@@ -64,27 +75,33 @@ def describe_media(media, device: torch.device, slab_width: int, text_width: int
             check_tensor("media", media, dims=2)  # "... must be contiguous along its last axis"
         elem = FLOAT_BYTES[read[1]]
         vec = not (ptr & 15) and not ((width | (s0 if rows > 1 else 0)) & 7)
-        lows, highs = ([ptr], [ptr + ((rows - 1) * s0 + width) * elem]) if rows else ([], [])
-        return MediaPlan(((media,),), rows, width, read[1], [0], [ptr if rows else 0, s0, 0, width], 1, vec,
+        lows, highs = ([ptr], [ptr + ((rows - 1) * s0 + width) * elem]) if rows and width else ([], [])
+        return MediaPlan((media,), rows, width, read[1], [0], [ptr if rows else 0, s0, 0, width], 1, vec,
                          lows, highs)
     if isinstance(media, torch.Tensor):
         check_tensor("media", media, dtypes=FLOAT_DTYPES, device=device, dims=2)
         check_media_width("media", media.shape[1], slab_width, text_width, expand)
-        return _plan(((media,),), [media], device, slab_width, text_width)
+        return _plan((media,), [media], device, slab_width, text_width)
     if type(media) not in (list, tuple):
         raise TypeError(f"media must be a 2-D tensor or a list of items (tensors or tuples of column blocks), "
                         f"got {type(media).__name__}")
     if not media:
         raise ValueError("media is an empty list: pass None when the batch has no media")
-    items = tuple(m if type(m) is tuple else (m,) for m in media)
-    blocks = [t for item in items for t in item]
-    if set(map(type, blocks)) != {torch.Tensor}:  # parameters, subclasses, non-tensors: each one looked at
-        for i, item in enumerate(items):
-            for j, t in enumerate(item):
-                _check_block(_name(i, item, j), t)
-    plan = _plan(items, blocks, device, slab_width, text_width)
+    blocks = media
+    if set(map(type, media)) != {torch.Tensor}:  # items of column blocks, or not all plain tensors
+        items = _items(media)
+        blocks = [t for item in items for t in item]
+        if set(map(type, blocks)) != {torch.Tensor}:  # parameters, subclasses, non-tensors: each one looked at
+            for i, item in enumerate(items):
+                for j, t in enumerate(item):
+                    _check_block(_name(i, item, j), t)
+    plan = _plan(media, blocks, device, slab_width, text_width)
     check_media_width("media item 0", plan.width, slab_width, text_width, expand)
     return plan
+
+
+def _items(media) -> tuple:
+    return tuple(m if type(m) is tuple else (m,) for m in media)
 
 
 def _name(i: int, item: tuple, j: int) -> str:
@@ -97,65 +114,89 @@ def _check_block(name: str, t) -> None:
     check_tensor(name, t, dtypes=FLOAT_DTYPES, dims=2)
 
 
-def _plan(items: tuple, blocks: list, device: torch.device, slab_width: int, text_width: int) -> MediaPlan:
-    """The plan from one read of every block; any rule broken: the item-by-item check names it."""
+def _plan(media, blocks, device: torch.device, slab_width: int, text_width: int) -> MediaPlan:
+    """The plan of items ``media`` (``blocks``: their column blocks in order) from one read of every block, worked
+    out a column of the batch at a time in C-level loops (the host time of many new items is their reads);
+    any rule broken: the item-by-item check names it."""
     def explain():
-        _explain(items, device, slab_width, text_width)
+        _explain(_items(media), device, slab_width, text_width)
 
     try:
-        dtype = blocks[0].dtype
-        shapes = list(map(_size, blocks))
-        strides = list(map(_stride, blocks))
-        ptrs = list(map(_data_ptr, blocks))
-        ok = all(t.dtype is dtype for t in blocks) and all(len(s) == 2 for s in shapes)
+        ptrs, shapes, strides = list(map(_data_ptr, blocks)), list(map(_size, blocks)), list(map(_stride, blocks))
+        dtypes, devices = set(map(_dtype, blocks)), set(map(_device, blocks))
     except (RuntimeError, TypeError, AttributeError):  # sparse, mkldnn, nested tensors have no strides or data
-        ok = False
-    if not ok:
         explain()
+    if len(dtypes) != 1 or set(map(len, shapes)) != {2}:
+        explain()
+    dtype = dtypes.pop()
     elem = FLOAT_BYTES.get(dtype)
     if elem is None:
         explain()
-    wide = slab_width > text_width
-    dev = device.index if device.type == "cuda" else -1
-    if dev is None:
-        dev = torch.cuda.current_device()
+    rs, ws = zip(*shapes)
+    s0s, s1s = zip(*strides)
     on_cuda = device.type == "cuda"
-    k = max(map(len, items))
-    starts, fields, lows, highs = [], [], [], []
-    rows = width = 0
-    align = ealign = 0
-    at = 0
-    for item in items:
-        item_rows, c = shapes[at][0], 0
-        for _ in item:
-            r, w = shapes[at]
-            s0, s1 = strides[at]
-            ptr = ptrs[at]
-            if r != item_rows or (w > 1 and s1 != 1 and r):
+    dev = (device.index if device.index is not None else torch.cuda.current_device()) if on_cuda else -1
+    if devices != {dev} or not (on_cuda or all(map(_is_cpu, blocks))):  # (-1 is meta too: ask is_cpu)
+        for t, r in zip(blocks, rs):  # an empty block is never read; a pinned host item is read in place
+            if r and (t.get_device() != dev or not (on_cuda or t.is_cpu)) and not (on_cuda and t.is_cpu and
+                                                                                  t.is_pinned()):
                 explain()
-            if r:
-                t = blocks[at]
-                if t.get_device() != dev or not (on_cuda or t.is_cpu):  # (-1 is meta too: ask is_cpu)
-                    if not (on_cuda and t.is_cpu and t.is_pinned()):  # a pinned host item, read in place
-                        explain()
-                align |= ptr
-                ealign |= w | (s0 if r > 1 else 0)
-                lows.append(ptr)
-                highs.append(ptr + ((r - 1) * s0 + w) * elem)
-            fields += (ptr if r else 0, s0, c, c + w)
-            c += w
-            at += 1
-        if wide and len(item) > 1 and shapes[at - len(item)][1] != text_width:
+    if s1s.count(1) != len(s1s) and any(s1 != 1 and w > 1 and r for r, w, s1 in zip(rs, ws, s1s)):
+        explain()  # rows must be contiguous
+    n, k = len(media), 1
+    if n != len(blocks):
+        lens = [len(m) if type(m) is tuple else 1 for m in media]
+        k = max(lens)
+        if 0 in lens:
+            explain()  # an item with no block
+        if lens.count(k) != n:  # items of fewer blocks: padded with empty ones
+            rs, ws, s0s, ptrs = _pad(lens, rs, ws, s0s, ptrs, k, text_width if slab_width > text_width else None,
+                                     explain)
+        elif slab_width > text_width and ws[0::k].count(text_width) != n:
             explain()  # block 0 holds the embeddings
-        fields += (0, 0, c, c) * (k - len(item))  # padded with empty blocks
-        if not starts:
-            width = c
-        elif c != width:
+    item_rows = rs[0::k] if k > 1 else rs
+    for j in range(1, k):
+        if rs[j::k] != item_rows:
+            explain()  # the blocks of an item share their rows
+    ends = list(accumulate(ws)) if k > 1 else ws  # an item's columns: its blocks side by side
+    width = ends[k - 1] if ends else 0
+    if (ends[k - 1::k] != [width * (i + 1) for i in range(n)]) if k > 1 else ws.count(width) != n:
+        explain()  # items share one row width
+    if k > 1:  # (each item's from 0; items of the same blocks share them)
+        ends = list(accumulate(ws[:k])) * n if ws == ws[:k] * n else [e - width * (i // k) for i, e in enumerate(ends)]
+    if 0 in rs:
+        ptrs = [p if r else 0 for p, r in zip(ptrs, rs)]
+    fields = [0] * (4 * len(ptrs))
+    fields[0::4], fields[1::4], fields[2::4], fields[3::4] = ptrs, s0s, list(map(sub, ends, ws)), ends
+    if 0 in rs or 0 in ws:  # the bytes each block with rows and columns reads, for the overlap checks
+        spans = [(p, p + ((r - 1) * s + w) * elem) for p, r, w, s in zip(ptrs, rs, ws, s0s) if r and w]
+        lows, highs = (list(x) for x in zip(*spans)) if spans else ([], [])
+    elif rs.count(rs[0]) == len(rs) and ws.count(ws[0]) == len(ws) and s0s.count(s0s[0]) == len(s0s):
+        lows, highs = ptrs, list(map(add, ptrs, repeat(((rs[0] - 1) * s0s[0] + ws[0]) * elem)))  # blocks alike
+    else:
+        lows, highs = ptrs, [p + ((r - 1) * s + w) * elem for p, r, w, s in zip(ptrs, rs, ws, s0s)]
+    starts = list(accumulate(item_rows, initial=0))
+    rows = starts.pop()
+    align = reduce(or_, ptrs, 0) & 15 or reduce(or_, ws, width) & 7
+    if not align:  # (the row stride of an item of one row is never used)
+        align = reduce(or_, s0s if min(rs) > 1 else (s for s, r in zip(s0s, rs) if r > 1), 0) & 7
+    return MediaPlan(media, rows, width, dtype, starts, fields, k, not align, lows, highs)
+
+
+def _pad(lens: list, rs, ws, s0s, ptrs, k: int, text_width: int | None, explain):
+    """Rows, widths, row strides and addresses with every item (``lens``: its blocks) padded to ``k`` blocks by
+    empty ones (no address, no columns, the item's rows); with ``text_width``, block 0 of an item of several
+    must be that wide (it holds the embeddings)."""
+    out = [], [], [], []
+    at = 0
+    for m in lens:
+        if text_width is not None and m > 1 and ws[at] != text_width:
             explain()
-        starts.append(rows)
-        rows += item_rows
-    vec = not (align & 15) and not ((ealign | width) & 7)  # (8 elements: 16 bytes at 2 bytes an element)
-    return MediaPlan(items, rows, width, dtype, starts, fields, k, vec, lows, highs)
+        for col, given, fill in zip(out, (rs, ws, s0s, ptrs), (rs[at], 0, 0, 0)):
+            col.extend(given[at:at + m])
+            col.extend([fill] * (k - m))
+        at += m
+    return out
 
 
 def _explain(items: tuple, device: torch.device, slab_width: int, text_width: int):

@@ -39,11 +39,12 @@ def launch_lock(device: torch.device):
 if HAS_TRITON:
 
     class Constant(tl.constexpr):
-        """A ``tl.constexpr`` for a module global a kernel reads, which a launch compares as fast as an int.
+        """A ``tl.constexpr`` that a launch compares as fast as an int.
 
         Every launch checks that each global its kernel reads still equals the value it was compiled
-        with (``!=`` against a copy). ``tl.constexpr``'s ``!=`` builds new objects (~0.7 µs on the CI
-        machine): over the staging kernel's layout constants, a third of the op's host time."""
+        with (``!=`` against a copy); ``tl.constexpr``'s ``!=`` builds new objects (~0.7 µs on the CI
+        machine). The staging kernels read their layout constants as attributes of a module, which
+        no launch compares (:mod:`slabstage.kernels.stage_kernel`); their checksum is the one global."""
 
         def __ne__(self, other):
             if type(other) is type(self):

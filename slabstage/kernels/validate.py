@@ -19,6 +19,7 @@ what was expected, through :mod:`slabstage.checks`.
 from __future__ import annotations
 
 import math
+from itertools import chain
 from operator import itemgetter
 
 import torch
@@ -91,7 +92,7 @@ def check_sources(src, what: str = "PrefillBatch") -> None:
     given = [getattr(src, name, None) for name in _NAMES]
     layouts = _take_layouts(given)
     _check_kinds(given, None, True, True, True, src.table, src.media, src.media_index, src.expand)
-    reads = list(map(_read, given))
+    reads = [_read(t) if t is not None else _NONE for t in given]
     _check_lengths(given, reads, (True,) * len(given), reads[0][4][0])
     if layouts is not None:
         check_layouts(layouts)  # (their values are checked where they are staged, with the rest of the batch)
@@ -116,23 +117,25 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         table = media = index = scale = None
         expand, owner = "zeros", True
     try:
-        reads = list(map(_read, given))
+        reads = [_read(t) if t is not None else _NONE for t in given]
         tread, iread = _read(table), _read(index)
         mread = _read(media) if type(media) is torch.Tensor else _NONE
         key = (tuple(map(_CONF, reads)), _CONF(tread), tread[4] and tread[4][-1:],
                _CONF(iread), type(media), _CONF(mread), mread[4] and mread[4][-1:],
                type(expand), expand if type(expand) is str else id(expand), type(owner),
                owner if type(owner) is bool else id(owner), type(scale))
-        known = key in configs
+        present = configs.get(key)  # (what a configuration fixes: which sources the stager takes)
     except (AttributeError, TypeError, RuntimeError, IndexError):  # not a tensor, or one with no data or shape
-        known = False
-    if not known:
+        key = present = None
+    if present is None:
         _check_configuration(dst, given, table, media, index, expand, owner, scale)
-        configs[key] = True
+        present = tuple(k for k, t in enumerate(given) if t is not None and dst.slots[k] is not None)
+        configs[key] = present
 
     ids = given[0]
     n = reads[0][4][0]
-    sources, b = _check_lengths(given, reads, dst.slots, n, dst)
+    spans = []  # (name, first byte, end byte) of every source read in place, checked against dst at the end
+    sources, b = _check_lengths(given, reads, dst.slots, n, spans, dst, present)
     if b > dst.batch_cap and dst.batch_cap:
         raise ValueError(f"{b} requests exceed max_batch_size={dst.batch_cap}")
     if n > dst.capacity:
@@ -149,7 +152,8 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         r = reads[0]
         if len(r[4]) != 1 or (n > 1 and r[5][0] != 1):
             check_tensor("input_ids", ids, dims=1)  # names what is wrong
-        dst.clear_of("input_ids", r[6], r[6] + n * _ELEM[r[1]])
+        if n:
+            spans.append(("input_ids", r[6], r[6] + n * _ELEM[r[1]]))
     segments = None
     if layouts is not None:
         if dst.slots[LAYOUT_SLOT] is None:
@@ -158,6 +162,7 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         else:
             segments = mrope_segments(layouts, n)
     if not embed:
+        _clear(dst, spans)
         return Checked(n, b, pad_to, ids, sources, reads, reads3=(reads[0], None, None), segments=segments)
 
     width = dst.slab.shape[1]
@@ -168,8 +173,8 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     if index is not None:
         if iread[4] != (n,) or (n > 1 and iread[5][0] != 1):
             check_tensor("media_index", index, shape=(n,))  # names what is wrong
-        if not (dst.host and iread[2] < 0):  # (a host index is copied into the block)
-            dst.clear_of("media_index", iread[6], iread[6] + n * _ELEM[iread[1]])
+        if n and not (dst.host and iread[2] < 0):  # (a host index is copied into the block)
+            spans.append(("media_index", iread[6], iread[6] + n * _ELEM[iread[1]]))
     elif plan is not None:
         raise ValueError("media was given without media_index: say which rows are media rows")
     if scale is not None and not (type(scale) is float and math.isfinite(scale)):
@@ -179,9 +184,9 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         bounds = (0, rows, rows)
     else:
         bounds = vocab_bounds(vocab_range, vocab_size, rows)
-    dst.clear_of("table", tread[6], tread[6] + ((rows - 1) * tread[5][0] + tw) * _ELEM[tread[1]] if rows else 0)
-    if plan is not None and plan.lows and min(plan.lows) < dst.hi and max(plan.highs) > dst.lo:
-        dst.clear_of_all(plan.lows, plan.highs, plan.spans)
+    if rows:
+        spans.append(("table", tread[6], tread[6] + ((rows - 1) * tread[5][0] + tw) * _ELEM[tread[1]]))
+    _clear(dst, spans, plan)
     return Checked(n, b, pad_to, ids, sources, reads, table, bounds, scale, plan, index, expand, owner,
                    (reads[0], iread, tread), segments)
 
@@ -210,13 +215,25 @@ def _check_kinds(given, device, host_ok: bool, slots: bool, embed: bool, table, 
     check_choice("expand", expand, ("zeros", "repeat"))
 
 
-def _check_lengths(given, reads, slots, n: int, dst: Destinations | None = None) -> tuple[list, int]:
+def _clear(dst: Destinations, spans: list, plan: MediaPlan | None = None) -> None:
+    """Every source's bytes (``spans``, then the media blocks') miss every destination: one pass over them all,
+    errors named in that order."""
+    names, lows, highs = zip(*spans) if spans else ((), (), ())
+    if plan is not None and plan.lows:
+        lows, highs = (*lows, *plan.lows), (*highs, *plan.highs)
+    dst.clear_of_all(lows, highs, lambda: chain(spans, plan.spans() if plan is not None else ()))
+
+
+def _check_lengths(given, reads, slots, n: int, spans=None, dst: Destinations | None = None,
+                   present=None) -> tuple[list, int]:
     """``(sources, b)``: the integer sources that ``slots`` take, each checked against the batch's ``n`` and
     its request count ``b`` (from ``reads``, what was read of them); with ``dst``, also their values
-    (host ones) and their storage against every destination."""
+    (host ones), and each device one's bytes are added to ``spans`` (checked against every destination).
+    ``present``: the indices of the sources given that a slot takes, when known."""
     b = -1
     sources = [None] * len(given)
-    for k, r in enumerate(reads):
+    for k in range(len(reads)) if present is None else present:
+        r = reads[k]
         if r[0] is None or slots[k] is None:
             continue
         shape = r[4]
@@ -240,7 +257,8 @@ def _check_lengths(given, reads, slots, n: int, dst: Destinations | None = None)
             if dst.host:
                 continue  # copied into the block: apart from every destination
         elems = shape[0] if len(shape) == 1 else (shape[0] - 1) * r[5][0] + shape[1]
-        dst.clear_of(_NAMES[k], r[6], r[6] + elems * _ELEM[r[1]])
+        if elems:
+            spans.append((_NAMES[k], r[6], r[6] + elems * _ELEM[r[1]]))
     return sources, max(b, 0)
 
 
