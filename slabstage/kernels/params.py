@@ -65,6 +65,11 @@ SOURCE_WORDS = 3
 D_ADDR, D_DTYPE, D_STRIDE, D_FILL, D_PAD, D_KIND, D_ROWS, D_LENGTH = range(8)  # after every source
 DEST_WORDS = 8
 
+# -- how the kernels tile a batch -----------------------------------------------------------
+TOK_BLOCK = 128  # integer-slot rows per program
+ITEM_CHUNK = 32  # item starts read per vector load when finding a media row's item
+FETCH_CHUNK = 512  # parameter-block words a fetch program copies (4 KiB)
+
 INT_CODE = {torch.int32: 1, torch.int64: 2}  # (4 bytes a code)
 LAYOUT_CODE = 3  # a source that is a segment table: positions computed from it
 FLOAT_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
