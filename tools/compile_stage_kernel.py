@@ -32,7 +32,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from slabstage.kernels.stage_kernel import launch_settings, stage_kernel  # noqa: E402
 from slabstage.staging.slots import SLOTS  # noqa: E402
 
-_ARGS = ("params_ptr", "errors_ptr", "slab_ptr", "pad_to")
+_ARGS = ("params_ptr", "errors_ptr", "slab_ptr")
 _DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -41,7 +41,7 @@ def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
     constexprs, num_warps = launch_settings(width, _DTYPES[slab], len(SLOTS) if slots else 0, 8)
     block = constexprs["BLOCK"]
     names = [*_ARGS, *constexprs]
-    signature = dict(params_ptr="*i64", errors_ptr="*i32", slab_ptr=f"*{slab}", pad_to="i32",
+    signature = dict(params_ptr="*i64", errors_ptr="*i32", slab_ptr=f"*{slab}",
                      **{k: "constexpr" for k in constexprs})
     source = ASTSource(stage_kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                        attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})

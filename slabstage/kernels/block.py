@@ -14,7 +14,7 @@ import torch
 
 from .mrope import SEGMENT_WORDS
 from .params import (F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED, F_TEXT_VEC,
-                     F_TEXT_WRAP, FLOAT_CODE, H_FLAGS, H_ITEMS, H_NUM_MEDIA, H_STEP, H_TABLE, H_VOCAB_START,
+                     F_TEXT_WRAP, FLOAT_CODE, H_FLAGS, H_ITEMS, H_NUM_MEDIA, H_PAD_TO, H_STEP, H_TABLE, H_VOCAB_START,
                      HEADER_WORDS, INT_CODE, LAYOUT_CODE, SOURCE_WORDS)
 from .validate import LAYOUT_SLOT, Checked
 
@@ -75,6 +75,7 @@ class BlockWriter:
             done, counter, mv, array = self.ring.done_addr, self._counter_addr, self._mv, self.ring.words
             start = self.ring.base + 8 * at
         values[H_STEP:H_VOCAB_START] = step, done, counter, words, c.n, c.b
+        values[H_PAD_TO] = c.pad_to
         self._dynamic.pack_into(mv, 8 * at, *values)
         if plan is not None:
             i = at + self._items_at

@@ -15,7 +15,7 @@ from .mrope import I_F32, I_F64, I_INT, SEGMENT_WORDS
 from .params import (D_ADDR, D_DTYPE, D_FILL, D_KIND, D_LENGTH, D_PAD, D_ROWS, D_STRIDE, DEST_WORDS, F_MEDIA,
                      F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED, F_TEXT_VEC, F_TEXT_WRAP, H_B,
                      H_COUNTER, H_DONE, H_FLAGS, H_IDS, H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE, H_ITEM_BLOCKS, H_ITEMS,
-                     H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_N, H_NUM_ITEMS, H_NUM_MEDIA, H_SCALE, H_STEP, H_TABLE,
+                     H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_N, H_PAD_TO, H_NUM_ITEMS, H_NUM_MEDIA, H_SCALE, H_STEP, H_TABLE,
                      H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_END, H_VOCAB_SIZE, H_VOCAB_START,
                      H_WORDS, HEADER_WORDS, ITEM_CHUNK, LAYOUT_CODE, S_ADDR, S_DTYPE, S_STRIDE, SOURCE_WORDS,
                      TOK_BLOCK)
@@ -54,6 +54,7 @@ if Constant is not None:
     H_MDTYPE = Constant(H_MEDIA_DTYPE)
     H_MWIDTH = Constant(H_MEDIA_WIDTH)
     H_ITEMS = Constant(H_ITEMS)
+    H_PAD_TO = Constant(H_PAD_TO)
     H_COUNTER = Constant(H_COUNTER)
     H_WORDS = Constant(H_WORDS)
     S_ADDR = Constant(S_ADDR)

@@ -37,6 +37,15 @@ _SHARED: dict = {}  # destinations' layout -> the Stager the ops share
 _LOCK = threading.Lock()
 _LAST_SLAB: list = [None]  # (slab, errors, layout, Destinations, Stager) of the last stage_embeddings call
 _REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
+_MAX_GRAPHS = 64  # graphs a stager keeps for the ops' calls (an engine stages into a few destinations)
+_STREAMS: dict = {}  # device -> the side stream the ops' graphs are captured on
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _STREAMS.get(device)
+    if stream is None:
+        stream = _STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
 def _layout(slab, errors):
@@ -81,6 +90,8 @@ class Stager(BlockWriter):
         self._copies: dict = {}  # (slot, words) -> (ring view, device view)
         self.configs: dict = {}  # the configurations check_batch has passed for these destinations
         self._kept: list = []  # (host block, device block) of launches captured in a caller's graph
+        self._graphs: dict = {}  # (slab, error word, rows) -> a graph of the fetch and the kernel (ops' calls)
+        self._fetch_loaded = False
         self._now = self.params  # the device block the next launch reads
         self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared block
         self.lock = threading.Lock()
@@ -112,7 +123,7 @@ class Stager(BlockWriter):
             return
         step, at, words = self._pending
         if self._now is not self.params:  # a block of its own: its copy was queued with it
-            self._kernel(grid, self._now, pad_to)
+            self._kernel(grid, self._now)
             return
         if self.dst.device.type == "cuda":
             size = min(max(1024, next_pow2(words)), self.ring.slot_words)
@@ -122,7 +133,7 @@ class Stager(BlockWriter):
             pair[1].copy_(pair[0], non_blocking=True)
         else:
             self._fetch(-(-words // FETCH_CHUNK))
-        self._kernel(grid, self.params, pad_to)
+        self._kernel(grid, self.params)
         self.ring.commit(step)
 
     def record(self, pad_to: int) -> None:
@@ -130,7 +141,7 @@ class Stager(BlockWriter):
         over it for ``pad_to`` rows. A replay of that graph stages whatever :meth:`prepare` wrote last; call
         :meth:`replayed` after it."""
         self._fetch(-(-self.words_for(pad_to) // FETCH_CHUNK))
-        self._kernel(max(self._grid(pad_to), 1), self.params, pad_to)
+        self._kernel(max(self._grid(pad_to), 1), self.params)
 
     def replayed(self) -> None:
         """A graph made by :meth:`record` staged the last prepared block."""
@@ -140,11 +151,11 @@ class Stager(BlockWriter):
         grid = pad_to * self.cols if self.dst.slab is not None else -(-pad_to // TOK_BLOCK)
         return max(grid, 1) if self.num_slots else grid  # program 0 writes the token count, the requests
 
-    def _kernel(self, grid: int, params: torch.Tensor, pad_to: int) -> None:
+    def _kernel(self, grid: int, params: torch.Tensor) -> None:
         dst = self.dst
         slab = dst.slab if dst.slab is not None else dst.errors
         with launch_lock(dst.device):
-            stage_kernel[(grid,)](params, dst.errors, slab, pad_to, **self.constexprs, num_warps=self.num_warps)
+            stage_kernel[(grid,)](params, dst.errors, slab, **self.constexprs, num_warps=self.num_warps)
 
     def _fetch(self, grid: int) -> None:
         args = (self.ring.tensor, self.counter, self.params, self.ring.slot_words, self.ring.k)
@@ -174,10 +185,56 @@ class Stager(BlockWriter):
         """:meth:`stage` into ``dst``, destinations laid out like this stager's (a shared stager)."""
         with self.lock:
             self._bind(dst)
-            own = dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            cuda = dst.device.type == "cuda"
+            own = cuda and torch.cuda.is_current_stream_capturing()
             c = self.prepare(src, pad_to, own_block=own)
-            self.launch(c, c.pad_to)
+            if cuda and not own and self._grid(c.pad_to):
+                self._replay_or_launch(c)
+            else:
+                self.launch(c, c.pad_to)
             return c
+
+    def _replay_or_launch(self, c: Checked) -> None:
+        """Stage the prepared block ``c`` through this stager's graph of the fetch and the kernel for these
+        destinations and ``c.pad_to``'s power-of-two bucket of rows (the block says ``pad_to``: programs past
+        it write nothing): a replay costs the host a fraction of the block's copy and a Triton launch. The
+        first two calls of a bucket :meth:`launch`; the second then captures the graph (no host sync)."""
+        dst = self.dst
+        rows = min(next_pow2(c.pad_to), dst.capacity)
+        key = (0 if dst.slab is None else dst.slab.data_ptr(), dst.errors.data_ptr(), rows)
+        graph = self._graphs.get(key)
+        if graph:
+            graph.replay()
+            self.ring.commit(self._pending[0])
+            return
+        self.launch(c, c.pad_to)
+        if graph is None:  # seen once: a destination staged once is never captured
+            if len(self._graphs) >= _MAX_GRAPHS:
+                self._graphs.clear()
+            self._graphs[key] = False
+        elif graph is False:
+            self._graphs[key] = self._capture(rows) or 0
+
+    def _capture(self, rows: int):
+        """A graph of :meth:`record` for ``rows`` rows, captured on a side stream; None if capture fails."""
+        device = self.dst.device
+        stream, current = _side_stream(device), torch.cuda.current_stream(device)
+        if not self._fetch_loaded:  # (its module loads outside the capture; the block it copies goes unused)
+            self._fetch(1)
+            self._fetch_loaded = True
+        stream.wait_stream(current)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    self.record(rows)
+                finally:
+                    graph.capture_end()
+        except RuntimeError:  # (the launch path serves the bucket)
+            return None
+        current.wait_stream(stream)
+        return graph
 
     @classmethod
     def shared(cls, dst: Destinations) -> "Stager":

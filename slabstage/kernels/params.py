@@ -8,7 +8,8 @@ every batch. Layout (word offsets):
   ``done`` word for the host, a device counter for the fetch), the block's length,
   ``n``, the request count, vocabulary bounds, ``text_scale`` (fp32 bits),
   switches (``F_*``), the table, the ids and ``media_index`` sources, the media
-  rows, items and column blocks, where the item table starts;
+  rows, items and column blocks, where the item table starts, ``pad_to`` (the rows to write: a
+  launch's grid may cover more);
 - per integer slot (:data:`~slabstage.staging.slots.SLOTS` order) its source
   (``S_*``: address, dtype, row stride), then per slot its destination (``D_*``:
   address, dtype, row stride, pad value, whether padded, kind, rows, length). The
@@ -46,7 +47,7 @@ __all__ = ["HEADER_WORDS", "SOURCE_WORDS", "DEST_WORDS", "INT_CODE", "LAYOUT_COD
 # -- header ------------------------------------------------------------------------------
 (H_STEP, H_DONE, H_COUNTER, H_WORDS, H_N, H_B, H_VOCAB_START, H_VOCAB_END, H_VOCAB_SIZE, H_SCALE, H_FLAGS,
  H_TABLE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_TABLE_DTYPE, H_IDS, H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE,
- H_NUM_MEDIA, H_NUM_ITEMS, H_ITEM_BLOCKS, H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_ITEMS) = range(25)
+ H_NUM_MEDIA, H_NUM_ITEMS, H_ITEM_BLOCKS, H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_ITEMS, H_PAD_TO) = range(26)
 HEADER_WORDS = 32
 
 # switches in H_FLAGS

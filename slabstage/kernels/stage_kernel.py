@@ -3,15 +3,16 @@
 One ``@triton.jit`` kernel serves every staging path (the runner's graphs and its
 eager path, ``stage_embeddings``, ``stage_token_inputs``, the custom ops). Its
 runtime arguments are fixed for a set of destinations: the parameter block, the
-error word, the slab, ``pad_to``. Everything a batch changes (``n``, the sources'
+error word, the slab. Everything a batch changes (``n``, ``pad_to``, the sources'
 addresses and dtypes, vocabulary bounds, ``text_scale``, the media items) is data
 in the block (:mod:`slabstage.kernels.params`), so a captured launch serves every
 batch. Constexprs are what the destinations fix: the slab's width and dtype, the
 piece of a row one program writes, how many integer slots there are.
 
-Grid: with ``EMBED``, ``pad_to * COL_BLOCKS`` programs, one per ``BLOCK`` columns of
-a slab row; the program at column block 0 of every ``TOK_BLOCK``-th row also copies
-those rows of each integer slot. Without it, one program per ``TOK_BLOCK`` rows.
+Grid: with ``EMBED``, ``pad_to * COL_BLOCKS`` programs (or more: programs past
+``pad_to`` write nothing), one per ``BLOCK`` columns of a slab row; the program at
+column block 0 of every ``TOK_BLOCK``-th row also copies those rows of each integer
+slot. Without it, one program per ``TOK_BLOCK`` rows.
 Program 0 writes the per-request slots and the token count, and stores the step
 number into the ring's ``done`` word.
 
@@ -55,13 +56,14 @@ def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, r
 if triton is not None:
     from .consts import KEY as _KEY  # (the one global the kernels read: see slabstage.kernels.consts)
 
-    @triton.jit(do_not_specialize=["pad_to"])
-    def stage_kernel(params_ptr, errors_ptr, slab_ptr, pad_to,
+    @triton.jit
+    def stage_kernel(params_ptr, errors_ptr, slab_ptr,
                      EMBED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, COL_BLOCKS: tl.constexpr,
                      NUM_SLOTS: tl.constexpr, REQ_BLOCK: tl.constexpr, PIECE: tl.constexpr):
         tl.static_assert(_KEY >= 0)  # (reads the layout constants' checksum: see slabstage.kernels.consts)
         pid = tl.program_id(0)
         n = tl.load(params_ptr + K.H_N)
+        pad_to = tl.load(params_ptr + K.H_PAD_TO)  # rows past it are left alone: a grid may cover more
         if pid == 0:  # the step's block has been read: the fetch and the host may move on
             step = tl.load(params_ptr + K.H_STEP)
             tl.store(tl.load(params_ptr + K.H_COUNTER).to(tl.pointer_type(tl.int64)), step)
@@ -102,7 +104,7 @@ if triton is not None:
             # a row is media, text or zeros, the same for every column: one arm runs, and only its values live.
             # Unpromised loads are one element wide, an address each: that arm walks the piece PIECE columns
             # at a time, so it holds no more registers than the vector arm (registers bound the loads in flight).
-            if row < pad_to:  # (not so only for program 0 of a grid of one, pad_to = 0)
+            if row < pad_to:  # (not so for program 0 of a grid of one at pad_to = 0, and past pad_to)
                 dst = slab_ptr + row * WIDTH
                 read_media = is_media & (mi < num_media) & ((flags & K.F_MEDIA) != 0)  # else a media row is zeros
                 if read_media:

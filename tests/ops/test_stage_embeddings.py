@@ -656,6 +656,39 @@ def test_layouts_back_to_back(device):
         stage_and_check(slab, ids, table, media=media, media_index=index, pad_to=n + 2)
 
 
+
+def test_repeated_calls_into_one_slab(device):
+    """Calls into one slab with one error word, as an engine makes them, n and pad_to changing: on a GPU
+    the second call of a bucket of rows captures a graph of the launch and later ones replay it, with no
+    host sync. Every call matches the reference and leaves the rows past its pad_to alone."""
+    from slabstage.kernels.launch import Stager
+    g = torch.Generator().manual_seed(33)
+    V, M, W = 50, 40, 64
+    table = randn(g, V, W, device=device)
+    slab = poisoned(200, W, torch.bfloat16, device)
+    errors = new_error_word(slab.device)
+    sizes = [(13, 16), (9, 9), (16, 30), (5, 5), (100, 128), (70, 100), (12, 12), (3, 3), (0, 0), (128, 200)]
+    for step in range(3):
+        for n, pad_to in sizes:
+            ids, media = randint(g, 0, V, n, device=device), randn(g, M, W, dtype=torch.bfloat16, device=device)
+            index = interleaved(n, M, device)
+            slab.fill_(POISON)
+            ref, _ = run_reference(slab.clone(), ids, table, media=media, media_index=index, pad_to=pad_to)
+            if device == "cuda" and step:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                stage_embeddings(slab, ids, table, media=media, media_index=index, pad_to=pad_to, errors=errors)
+            finally:
+                if device == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+            assert torch.equal(slab[:pad_to], ref[:pad_to]), (step, n, pad_to)
+            assert (slab[pad_to:] == POISON).all(), f"rows past pad_to={pad_to} were touched"
+    assert errors.tolist() == CLEAN
+    if device == "cuda":
+        graphs = Stager.for_slab(slab, errors)[1]._graphs
+        mine = [k[2] for k, v in graphs.items() if v and k[:2] == (slab.data_ptr(), errors.data_ptr())]
+        assert sorted(mine) == [4, 8, 16, 32, 128, 200]  # the buckets of rows
+
 # -- host-side validation -------------------------------------------------------------------------
 
 def _base(device):
