@@ -5,8 +5,9 @@
 Prints µs a call, 300 calls back to back: the whole call; ``prepare`` (the checks and the parameter
 block); ``_replay_or_launch`` (from the third call of a bucket: the replay of the captured fetch and
 kernel), ``launch`` (the block's copy and the kernel's launch: the first two calls) and inside it
-``_kernel`` (the Triton launch); how often the ring waited. Then, alone: a Triton launch of the same kernel with the same
-arguments, the launch's check of the kernel's global constants, the block's ``copy_``, a stream query.
+``_kernel`` (the Triton launch); how often the ring waited. Then, alone: a Triton launch of the same
+kernel with the same arguments, the launch's check of the kernel's global constants, the block's
+``copy_``, a stream query.
 """
 
 from __future__ import annotations
