@@ -14,6 +14,8 @@ import numbers
 import torch
 
 __all__ = [
+    "check_values",
+    "vocab_bounds",
     "FLOAT_DTYPES",
     "NotAnIntError",
     "INT_DTYPES",
@@ -186,3 +188,37 @@ def check_fill(name: str, value: object, dtype: torch.dtype) -> int | float:
         raise ValueError(f"{name} {shown} cannot be stored in {dtype}: past its finite range "
                          f"(+-{top:g}), it would become inf")
     return value
+
+
+_INT_RANGE = {torch.int32: (-(2**31), 2**31 - 1), torch.int64: (-(2**63), 2**63 - 1)}
+
+
+def check_values(name: str, t: torch.Tensor, slot_dtype: torch.dtype) -> None:
+    """A host input whose values its slot's dtype cannot hold is refused (a device one is flagged on the
+    device): a narrowing copy is never silent."""
+    if slot_dtype.itemsize >= t.dtype.itemsize or not t.is_cpu or not t.numel():
+        return
+    lo, hi = _INT_RANGE[slot_dtype]
+    values = t.numpy()  # a host tensor: numpy's min and max cost a fraction of torch's
+    vmin, vmax = int(values.min()), int(values.max())
+    if vmin < lo or vmax > hi:
+        raise ValueError(f"{name} holds {vmin if vmin < lo else vmax}, which its {slot_dtype} slot cannot hold")
+
+
+def vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, int]:
+    """``(vocab_start, vocab_end, vocab_size)`` checked against a table of ``table_rows`` rows."""
+    if table_rows > INT32_MAX:
+        raise ValueError(f"the table has {table_rows} rows; at most {INT32_MAX} are supported")
+    if vocab_range is None:
+        vocab_start, vocab_end = 0, table_rows
+    else:
+        if not isinstance(vocab_range, (tuple, list)) or len(vocab_range) != 2:
+            raise TypeError(f"vocab_range must be a (start, end) pair of ints, got {vocab_range!r}")
+        vocab_start = check_int("vocab_range start", vocab_range[0], lo=0, hi=INT32_MAX)
+        vocab_end = check_int("vocab_range end", vocab_range[1], lo=vocab_start, hi=INT32_MAX)
+        if vocab_end - vocab_start > table_rows:
+            raise ValueError(f"vocab_range {tuple(vocab_range)!r} spans {vocab_end - vocab_start} ids but the "
+                             f"table has {table_rows} rows")
+    if vocab_size is None:
+        return vocab_start, vocab_end, vocab_end
+    return vocab_start, vocab_end, check_int("vocab_size", vocab_size, lo=vocab_end, hi=INT32_MAX)

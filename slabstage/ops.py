@@ -23,7 +23,7 @@ from .kernels.errors import check_error_word, default_error_word
 from .kernels.launch import Inputs, Stager
 from .kernels.stage_embeddings import stage_embeddings
 from .kernels.destinations import Destinations
-from .kernels.validate import vocab_bounds
+from .checks import vocab_bounds
 from .staging.buffers import StagingBuffers
 from .staging.slots import SLOTS, SOURCE_SLOTS
 

@@ -24,7 +24,8 @@ from operator import itemgetter
 
 import torch
 
-from ..checks import FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_bool, check_choice, check_int, check_real, check_tensor
+from ..checks import (FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_bool, check_choice, check_int, check_real,
+                      check_tensor, check_values, vocab_bounds)
 from ..staging.slots import REQUESTS, ROWS, SOURCE_SLOTS
 from ..staging.width import check_source_width
 from .destinations import INT_BITS, Destinations
@@ -32,9 +33,6 @@ from .media import MediaPlan, describe_media
 from .mrope import check_layouts, mrope_segments
 
 __all__ = ["Checked", "check_batch", "check_sources", "vocab_bounds", "LAYOUT_SLOT"]
-
-_INT_RANGE = {torch.int32: (-(2**31), 2**31 - 1), torch.int64: (-(2**63), 2**63 - 1)}
-
 
 class Checked:
     """A batch that passed :func:`check_batch`: what the parameter block and the reference are built from.
@@ -86,13 +84,42 @@ def _take_layouts(given: list):
     return layouts
 
 
+def _configuration(reads, tread, iread, media, mread, expand, owner, scale) -> tuple:
+    """What a batch's configuration is, from what was read of its inputs (the key of the checks it decides)."""
+    return (tuple(map(_CONF, reads)), _CONF(tread), tread[4] and tread[4][-1:], _CONF(iread), type(media),
+            _CONF(mread), mread[4] and mread[4][-1:], type(expand), expand if type(expand) is str else id(expand),
+            type(owner), owner if type(owner) is bool else id(owner), type(scale))
+
+
+def _reads(given: list, table, index, media) -> tuple:
+    """``(reads, table read, index read, media read)``: one :func:`_read` of each input."""
+    reads = [_read(t) if t is not None else _NONE for t in given]
+    return reads, _read(table), _read(index), _read(media) if type(media) is torch.Tensor else _NONE
+
+
+_SOURCE_CONFIGS: dict = {}  # configurations check_sources has passed (a few per engine)
+
+
 def check_sources(src, what: str = "PrefillBatch") -> None:
     """What a batch must satisfy on its own, with no destinations to check it against (a
-    :class:`~slabstage.PrefillBatch` when it is made): the checks of :func:`check_batch` that need none."""
+    :class:`~slabstage.PrefillBatch` when it is made): the checks of :func:`check_batch` that need none
+    (what a configuration decides once per configuration, as there)."""
     given = [getattr(src, name, None) for name in _NAMES]
     layouts = _take_layouts(given)
-    _check_kinds(given, None, True, True, True, src.table, src.media, src.media_index, src.expand)
-    reads = [_read(t) if t is not None else _NONE for t in given]
+    media, expand = src.media, src.expand
+    try:
+        reads, tread, iread, mread = _reads(given, src.table, src.media_index, media)
+        key = _configuration(reads, tread, iread, media, mread, expand, True, None)
+        known = key in _SOURCE_CONFIGS
+    except (AttributeError, TypeError, RuntimeError, IndexError):  # not a tensor, or one with no data or shape
+        key, known = None, False
+    if not known:
+        _check_kinds(given, None, True, True, True, src.table, media, src.media_index, expand)
+        reads = _reads(given, None, None, None)[0]
+        if key is not None:
+            if len(_SOURCE_CONFIGS) >= 256:
+                _SOURCE_CONFIGS.clear()
+            _SOURCE_CONFIGS[key] = True
     _check_lengths(given, reads, (True,) * len(given), reads[0][4][0])
     if layouts is not None:
         check_layouts(layouts)  # (their values are checked where they are staged, with the rest of the batch)
@@ -117,13 +144,8 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         table = media = index = scale = None
         expand, owner = "zeros", True
     try:
-        reads = [_read(t) if t is not None else _NONE for t in given]
-        tread, iread = _read(table), _read(index)
-        mread = _read(media) if type(media) is torch.Tensor else _NONE
-        key = (tuple(map(_CONF, reads)), _CONF(tread), tread[4] and tread[4][-1:],
-               _CONF(iread), type(media), _CONF(mread), mread[4] and mread[4][-1:],
-               type(expand), expand if type(expand) is str else id(expand), type(owner),
-               owner if type(owner) is bool else id(owner), type(scale))
+        reads, tread, iread, mread = _reads(given, table, index, media)
+        key = _configuration(reads, tread, iread, media, mread, expand, owner, scale)
         present = configs.get(key)  # (what a configuration fixes: which sources the stager takes)
     except (AttributeError, TypeError, RuntimeError, IndexError):  # not a tensor, or one with no data or shape
         key = present = None
@@ -253,7 +275,7 @@ def _check_lengths(given, reads, slots, n: int, spans=None, dst: Destinations | 
             continue
         if r[2] < 0:  # a host input: its values must fit its slot (a device one is flagged on the device)
             if dst.bits[k] < INT_BITS[r[1]]:
-                _check_values(_NAMES[k], given[k], slots[k].dtype)
+                check_values(_NAMES[k], given[k], slots[k].dtype)
             if dst.host:
                 continue  # copied into the block: apart from every destination
         elems = shape[0] if len(shape) == 1 else (shape[0] - 1) * r[5][0] + shape[1]
@@ -290,34 +312,3 @@ def _check_configuration(dst: Destinations, given, table, media, index, expand, 
         check_real("text_scale", scale)
     if isinstance(media, torch.Tensor):
         describe_media(media, device, width, table.shape[1], expand)
-
-
-def _check_values(name: str, t: torch.Tensor, slot_dtype: torch.dtype) -> None:
-    """A host input whose values its slot's dtype cannot hold is refused (a device one is flagged on the
-    device): a narrowing copy is never silent."""
-    if INT_BITS[slot_dtype] >= INT_BITS[t.dtype] or not t.is_cpu or not t.numel():
-        return
-    lo, hi = _INT_RANGE[slot_dtype]
-    values = t.numpy()  # a host tensor: numpy's min and max cost a fraction of torch's
-    vmin, vmax = int(values.min()), int(values.max())
-    if vmin < lo or vmax > hi:
-        raise ValueError(f"{name} holds {vmin if vmin < lo else vmax}, which its {slot_dtype} slot cannot hold")
-
-
-def vocab_bounds(vocab_range, vocab_size, table_rows: int) -> tuple[int, int, int]:
-    """``(vocab_start, vocab_end, vocab_size)`` checked against a table of ``table_rows`` rows."""
-    if table_rows > INT32_MAX:
-        raise ValueError(f"the table has {table_rows} rows; at most {INT32_MAX} are supported")
-    if vocab_range is None:
-        vocab_start, vocab_end = 0, table_rows
-    else:
-        if not isinstance(vocab_range, (tuple, list)) or len(vocab_range) != 2:
-            raise TypeError(f"vocab_range must be a (start, end) pair of ints, got {vocab_range!r}")
-        vocab_start = check_int("vocab_range start", vocab_range[0], lo=0, hi=INT32_MAX)
-        vocab_end = check_int("vocab_range end", vocab_range[1], lo=vocab_start, hi=INT32_MAX)
-        if vocab_end - vocab_start > table_rows:
-            raise ValueError(f"vocab_range {tuple(vocab_range)!r} spans {vocab_end - vocab_start} ids but the "
-                             f"table has {table_rows} rows")
-    if vocab_size is None:
-        return vocab_start, vocab_end, vocab_end
-    return vocab_start, vocab_end, check_int("vocab_size", vocab_size, lo=vocab_end, hi=INT32_MAX)
