@@ -668,23 +668,25 @@ def test_repeated_calls_into_one_slab(device):
     slab = poisoned(200, W, torch.bfloat16, device)
     errors = new_error_word(slab.device)
     sizes = [(13, 16), (9, 9), (16, 30), (5, 5), (100, 128), (70, 100), (12, 12), (3, 3), (0, 0), (128, 200)]
-    for step in range(3):
+    if device.type == "cpu":  # (the interpreter: the same checks on fewer rows)
+        sizes = [(13, 16), (9, 9), (5, 5), (3, 3), (0, 0), (20, 24)]
+    for step in range(3 if device.type == "cuda" else 1):
         for n, pad_to in sizes:
             ids, media = randint(g, 0, V, n, device=device), randn(g, M, W, dtype=torch.bfloat16, device=device)
             index = interleaved(n, M, device)
             slab.fill_(POISON)
             ref, _ = run_reference(slab.clone(), ids, table, media=media, media_index=index, pad_to=pad_to)
-            if device == "cuda" and step:
+            if device.type == "cuda" and step:
                 torch.cuda.set_sync_debug_mode("error")
             try:
                 stage_embeddings(slab, ids, table, media=media, media_index=index, pad_to=pad_to, errors=errors)
             finally:
-                if device == "cuda":
+                if device.type == "cuda":
                     torch.cuda.set_sync_debug_mode("default")
             assert torch.equal(slab[:pad_to], ref[:pad_to]), (step, n, pad_to)
             assert (slab[pad_to:] == POISON).all(), f"rows past pad_to={pad_to} were touched"
     assert errors.tolist() == CLEAN
-    if device == "cuda":
+    if device.type == "cuda":
         graphs = Stager.for_slab(slab, errors)[1]._graphs
         mine = [k[2] for k, v in graphs.items() if v and k[:2] == (slab.data_ptr(), errors.data_ptr())]
         assert sorted(mine) == [4, 8, 16, 32, 128, 200]  # the buckets of rows
