@@ -16,16 +16,18 @@ one run per frame, the frames parted by their timestamps). So a request's items 
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["as_prompt_ids", "check_grid", "check_chunk", "check_items", "check_mrope", "check_placeholders",
-           "check_pixels", "check_seconds", "grid_rows"]
+__all__ = ["as_prompt_ids", "check_grid", "check_grid_rows", "check_chunk", "check_items", "check_mrope",
+           "check_placeholders", "check_pixels", "check_seconds", "grid_rows", "placeholder_runs"]
 
 
+@functools.lru_cache(maxsize=None)
 def _is_integer(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
@@ -36,33 +38,54 @@ def as_prompt_ids(input_ids, where: str, name: str = "input_ids") -> torch.Tenso
         raise TypeError(f"{where} {name} must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
     if not _is_integer(input_ids.dtype):
         raise TypeError(f"{where} {name} must hold integer token ids, got dtype {input_ids.dtype}")
-    shape = tuple(input_ids.shape)
+    shape = input_ids.shape
     if not (len(shape) == 1 or (len(shape) == 2 and shape[0] == 1)):
-        raise ValueError(f"{where} {name} must be one prompt, [L] or [1, L], got shape {shape} "
+        raise ValueError(f"{where} {name} must be one prompt, [L] or [1, L], got shape {tuple(shape)} "
                          f"(give each prompt as its own request)")
-    if input_ids.numel() == 0:
+    if not shape[-1]:
         raise ValueError(f"{where} {name} is empty")
-    return input_ids.reshape(-1).to("cpu", torch.int64)
+    if len(shape) == 2:
+        input_ids = input_ids[0]
+    # (a host int64 prompt, the usual one, as it is: each torch call costs the host a microsecond)
+    return input_ids if input_ids.dtype is torch.int64 and input_ids.is_cpu else input_ids.to("cpu", torch.int64)
+
+
+def check_grid_rows(grid, name: str, where: str, merge: int) -> list[list[int]] | None:
+    """The ``(t, h, w)`` rows of ``grid`` as lists (None stays None), read once: an integer ``[N, 3]`` tensor
+    whose rows are each at least 1, ``h`` and ``w`` multiples of the vision tower's spatial ``merge`` size."""
+    if grid is None:
+        return None
+    _check_grid_kind(grid, name, where)
+    return _check_grid_values(grid.tolist(), name, where, merge)
 
 
 def check_grid(grid, name: str, where: str, merge: int) -> torch.Tensor | None:
-    """``grid`` as ``int64[N, 3]`` on the host (None stays None): integer ``(t, h, w)`` rows, each at least 1,
-    ``h`` and ``w`` multiples of the vision tower's spatial ``merge`` size."""
+    """``grid`` as ``int64[N, 3]`` on the host (None stays None), checked as :func:`check_grid_rows` does."""
     if grid is None:
         return None
+    _check_grid_kind(grid, name, where)
+    host = grid.to("cpu", torch.int64)
+    _check_grid_values(host.tolist(), name, where, merge)
+    return host
+
+
+def _check_grid_kind(grid, name: str, where: str) -> None:
     if not isinstance(grid, torch.Tensor):
         raise TypeError(f"{where} {name} must be a torch.Tensor [N, 3] of (t, h, w), got {type(grid).__name__}")
     if not _is_integer(grid.dtype):
         raise TypeError(f"{where} {name} must be an integer tensor [N, 3] of (t, h, w), got dtype {grid.dtype}")
-    if grid.dim() != 2 or grid.shape[1] != 3:
+    shape = grid.shape
+    if len(shape) != 2 or shape[1] != 3:
         raise ValueError(f"{where} {name} must be [N, 3] (one (t, h, w) row per item), got shape "
-                         f"{tuple(grid.shape)}")
-    host = grid.to("cpu", torch.int64)
-    for j, (t, h, w) in enumerate(host.tolist()):
+                         f"{tuple(shape)}")
+
+
+def _check_grid_values(rows: list, name: str, where: str, merge: int) -> list:
+    for j, (t, h, w) in enumerate(rows):
         if min(t, h, w) < 1 or h % merge or w % merge:
             raise ValueError(f"{where} {name}[{j}] = {(t, h, w)}: t, h, w must be at least 1 and h, w multiples "
                              f"of the spatial merge size {merge}")
-    return host
+    return rows
 
 
 def grid_rows(grid: torch.Tensor | None, merge: int) -> list[int]:
@@ -87,89 +110,103 @@ def check_chunk(chunk, length: int, where: str) -> tuple[int, int]:
     return start, end
 
 
-def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Maximal runs of True in ``mask`` as ``(starts, ends)``, as HF groups placeholder tokens."""
-    at = np.flatnonzero(mask)
-    if not at.size:
-        return at, at
-    gaps = np.flatnonzero(at[1:] != at[:-1] + 1)
-    return at[np.concatenate(([0], gaps + 1))], at[np.concatenate((gaps, [at.size - 1]))] + 1
+def placeholder_runs(values: np.ndarray, tokens: tuple[int, int], firsts: list[int]) -> list[tuple[list, list]]:
+    """The maximal runs of image and video placeholder tokens (``tokens``: their ids) of prompts laid end to
+    end in ``values``, prompt ``k`` from ``firsts[k]`` (``firsts[0] == 0``), as HF groups them: a run ends
+    where its kind of token or its prompt does. Per prompt ``(image runs, video runs)``, each a list of
+    ``(start in the prompt, tokens)`` in prompt order.
+
+    One numpy compare a kind over all the prompts at once, then byte scans (``bytes.find``, a ``memchr``) from
+    run to run: nothing in Python a token, a few operations a run."""
+    bounds = list(zip(firsts, firsts[1:] + [values.shape[0]]))
+    kinds = []
+    for token in tokens:
+        mask = (values == token).tobytes()  # a byte a token: 1 a placeholder, 0 not
+        kinds.append([_runs(mask, lo, hi) for lo, hi in bounds] if 1 in mask else [()] * len(bounds))
+    return list(zip(*kinds))
 
 
-def check_placeholders(ids: torch.Tensor, tokens: tuple[int, int], image_grid, video_grid, where: str, merge: int,
+def _runs(mask: bytes, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The maximal runs of 1 in ``mask[lo:hi]``, as ``(start - lo, length)``."""
+    runs = []
+    start = mask.find(1, lo, hi)
+    while start >= 0:
+        end = mask.find(0, start, hi)
+        if end < 0:
+            end = hi
+        runs.append((start - lo, end - start))
+        start = mask.find(1, end, hi)
+    return runs
+
+
+def check_placeholders(found: tuple[list, list], images: list | None, videos: list | None, where: str, merge: int,
                        frames: bool) -> list[tuple[int, int, int, int, int]]:
-    """Each maximal run of image (video) placeholder tokens in ``ids`` holds the rows of the next grid row,
-    in order, and every grid row has its run (``tokens``: the image and video placeholder ids). ``frames``: a
-    video's run is one frame (Qwen3-VL), so a video ``(t, h, w)`` takes ``t`` runs of ``h * w // merge**2``;
-    else one run of ``t * h * w // merge**2``.
+    """Each maximal run of image (video) placeholder tokens of a prompt holds the rows of the next grid row,
+    in order, and every grid row has its run. ``found``: the prompt's image runs and video runs, each
+    ``(start, tokens)`` in prompt order (:func:`placeholder_runs`); ``images``, ``videos``: the grids' rows
+    (:func:`check_grid_rows`). ``frames``: a video's run is one frame (Qwen3-VL), so a video ``(t, h, w)``
+    takes ``t`` runs of ``h * w // merge**2``; else one run of ``t * h * w // merge**2``.
 
     Returns the runs in prompt order as ``(start, tokens, kind, grid row, frame)``: kind 1 an image and 2 a
-    video, ``frame`` the run's frame in its video when ``frames`` (else 0). Vectorised: the host touches each
-    token in a few numpy passes, no Python loop."""
-    values = ids.numpy()
+    video, ``frame`` the run's frame in its video when ``frames`` (else 0). A few operations a run."""
     runs_out = []
-    for kind, token, grid, name, what in ((1, tokens[0], image_grid, "image_grid_thw", "image"),
-                                          (2, tokens[1], video_grid, "video_grid_thw", "video")):
-        starts, ends = _runs(values == token)
+    area = merge ** 2
+    for kind, mine, grid, name, what in ((1, found[0], images, "image_grid_thw", "image"),
+                                         (2, found[1], videos, "video_grid_thw", "video")):
         if grid is None:
-            if len(starts):
-                count = int((ends - starts).sum())
-                raise ValueError(f"{where} input_ids hold {count} {what} placeholder tokens ({len(starts)} "
-                                 f"{what}{'s' if len(starts) > 1 else ''}) but {name} is None: give the grid")
+            if mine:
+                count = sum(length for _, length in mine)
+                raise ValueError(f"{where} input_ids hold {count} {what} placeholder tokens ({len(mine)} "
+                                 f"{what}{'s' if len(mine) > 1 else ''}) but {name} is None: give the grid")
             continue
-        want = []  # (grid row, rows of its run, frame)
-        for j, (t, h, w) in enumerate(grid.tolist()):
-            if what == "video" and frames:
-                want += [(j, h * w // merge ** 2, f) for f in range(t)]
-            else:
-                want.append((j, t * h * w // merge ** 2, 0))
-        unit = "frame runs" if what == "video" and frames else "runs"
-        if len(starts) != len(want):
-            raise ValueError(f"{where} input_ids hold {len(starts)} runs of {what} placeholder tokens but {name} "
-                             f"({grid.shape[0]} rows) needs {len(want)} {unit}")
-        lengths = (ends - starts).tolist()
-        starts = starts.tolist()
-        for s, length, (j, rows, frame) in zip(starts, lengths, want):
+        split = frames and kind == 2
+        if split:  # (grid row, rows of its run, frame) of each run
+            want = [(j, h * w // area, f) for j, (t, h, w) in enumerate(grid) for f in range(t)]
+        else:
+            want = [(j, t * h * w // area, 0) for j, (t, h, w) in enumerate(grid)]
+        if len(mine) != len(want):
+            raise ValueError(f"{where} input_ids hold {len(mine)} runs of {what} placeholder tokens but {name} "
+                             f"({len(grid)} rows) needs {len(want)} {'frame runs' if split else 'runs'}")
+        for (s, length), (j, rows, frame) in zip(mine, want):
             if length != rows:
                 raise ValueError(f"{where} the {what} placeholder run at tokens [{s}, {s + length}) holds {length} "
-                                 f"tokens but {name}[{j}] = {tuple(grid[j].tolist())} gives {rows} rows")
+                                 f"tokens but {name}[{j}] = {tuple(grid[j])} gives {rows} rows")
             runs_out.append((s, length, kind, j, frame))
-    runs_out.sort()
+    if found[0] and found[1]:  # (one kind alone is in prompt order already)
+        runs_out.sort()
     return runs_out
 
 
 def _item_rows(item, where: str, j: int) -> int:
     main = item[0] if isinstance(item, (tuple, list)) and len(item) else item
-    if not isinstance(main, torch.Tensor) or main.dim() != 2:
+    shape = main.shape if isinstance(main, torch.Tensor) else ()
+    if len(shape) != 2:
         raise TypeError(f"{where} media item {j} must be a 2-D tensor or a tuple of 2-D column blocks "
                         f"(as slabstage.hf.media_items returns), got {type(item).__name__}")
-    return main.shape[0]
+    return shape[0]
 
 
-def check_items(media, image_grid, video_grid, where: str, merge: int) -> list[int]:
+def check_items(media, images: list | None, videos: list | None, where: str, merge: int) -> list[int]:
     """Rows of each item in ``media``, checked against its own grid row: items are the images in
-    ``image_grid_thw`` order, then the videos in ``video_grid_thw`` order."""
+    ``image_grid_thw`` order, then the videos in ``video_grid_thw`` order (``images``, ``videos``: the grids'
+    rows, :func:`check_grid_rows`)."""
     if isinstance(media, torch.Tensor) or not isinstance(media, Sequence):
         raise TypeError(f"{where} media must be a list of items (one per image, then one per video), got "
                         f"{type(media).__name__}")
-    slots = [("image", "image_grid_thw", j, g) for j, g in enumerate(image_grid.tolist() if image_grid is not None
-                                                                      else [])]
-    slots += [("video", "video_grid_thw", j, g) for j, g in enumerate(video_grid.tolist() if video_grid is not None
-                                                                       else [])]
-    if len(media) != len(slots):
-        images, videos = (0 if g is None else g.shape[0] for g in (image_grid, video_grid))
-        raise ValueError(f"{where} {len(media)} media items were given for {images} images and {videos} videos "
-                         f"(grids and placeholders): give one item per image (image_grid_thw order), then one "
-                         f"per video (video_grid_thw order)")
-    rows = []
-    for i, (item, (what, name, j, (t, h, w))) in enumerate(zip(media, slots)):
-        n = _item_rows(item, where, i)
-        want = t * h * w // merge ** 2
-        if n != want:
-            raise ValueError(f"{where} media item {i} holds {n} rows but it is {what} {j}, {name}[{j}] = "
-                             f"{(t, h, w)} gives {want}: items are the images in image_grid_thw order, then the "
-                             f"videos in video_grid_thw order")
-        rows.append(n)
+    images, videos = images or [], videos or []
+    if len(media) != len(images) + len(videos):
+        raise ValueError(f"{where} {len(media)} media items were given for {len(images)} images and "
+                         f"{len(videos)} videos (grids and placeholders): give one item per image "
+                         f"(image_grid_thw order), then one per video (video_grid_thw order)")
+    rows = [_item_rows(item, where, i) for i, item in enumerate(media)]
+    want = [t * h * w // merge ** 2 for t, h, w in images + videos]
+    if rows != want:
+        i = next(i for i, (n, m) in enumerate(zip(rows, want)) if n != m)
+        what, name, j = ("image", "image_grid_thw", i) if i < len(images) else \
+            ("video", "video_grid_thw", i - len(images))
+        raise ValueError(f"{where} media item {i} holds {rows[i]} rows but it is {what} {j}, {name}[{j}] = "
+                         f"{tuple((images + videos)[i])} gives {want[i]}: items are the images in image_grid_thw "
+                         f"order, then the videos in video_grid_thw order")
     return rows
 
 
@@ -185,11 +222,11 @@ def check_mrope(mrope, length: int, where: str) -> None:
                          f"{tuple(mrope.shape)}")
 
 
-def check_seconds(seconds, video_grid, where: str) -> None:
-    """Qwen2.5-VL's ``second_per_grid_ts``: one number per video."""
+def check_seconds(seconds, videos: list | None, where: str) -> None:
+    """Qwen2.5-VL's ``second_per_grid_ts``: one number per video (``videos``: the video grid's rows)."""
     if seconds is None:
         return
-    if video_grid is None:
+    if videos is None:
         raise ValueError(f"{where} second_per_grid_ts was given without video_grid_thw (it holds one number "
                          f"per video)")
     try:
@@ -197,9 +234,9 @@ def check_seconds(seconds, video_grid, where: str) -> None:
     except TypeError:
         raise TypeError(f"{where} second_per_grid_ts must be a tensor or list of one number per video, got "
                         f"{type(seconds).__name__}") from None
-    if count != video_grid.shape[0]:
+    if count != len(videos):
         raise ValueError(f"{where} second_per_grid_ts has {count} entries but video_grid_thw lists "
-                         f"{video_grid.shape[0]} videos")
+                         f"{len(videos)} videos")
 
 
 def check_pixels(pixels, grid: torch.Tensor, pixels_name: str, grid_name: str, where: str) -> None:

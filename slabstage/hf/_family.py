@@ -13,13 +13,14 @@ sequences through the rotary embedding) the refusal of length-dependent rope.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from dataclasses import dataclass
 
 from ..staging.width import WidthContractError
 
 __all__ = ["Family", "family_of", "TEXT_FAMILIES", "MROPE_FAMILIES", "DEEPSTACK_FAMILIES", "MIN_TRANSFORMERS",
-           "length_dependent_rope"]
+           "length_dependent_rope", "transformers_version"]
 
 TEXT_FAMILIES = ("llama", "qwen2", "qwen3")
 MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
@@ -203,11 +204,29 @@ def length_dependent_rope(fam: Family) -> str | None:
 
 
 def _require_transformers(what: str) -> None:
-    try:
-        import transformers
-    except ImportError:  # not a transformers model then: the type checks of family_of say so
-        return
-    _check_version(what, getattr(transformers, "__version__", "0"))
+    version = transformers_version()
+    if version is not None:  # (None: not a transformers model then; the type checks of family_of say so)
+        _check_version(what, version)
+
+
+def transformers_version() -> str | None:
+    """The installed transformers' ``__version__`` (None: no transformers), read a cheap way: transformers'
+    lazy module answers ``transformers.__version__`` through its ``__getattr__`` (microseconds, and the
+    per-request entry points read it every call), so that read is made once; a version set on the module
+    since (a test's monkeypatch) is in its ``__dict__`` and wins."""
+    module = sys.modules.get("transformers")
+    if module is None:
+        try:
+            import transformers as module
+        except ImportError:
+            return None
+    version = module.__dict__.get("__version__")
+    return _lazy_version(module) if version is None else version
+
+
+@functools.lru_cache(maxsize=None)
+def _lazy_version(module) -> str:
+    return getattr(module, "__version__", "0")
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,10 +8,10 @@ import inspect
 import torch
 
 from ..kernels.mrope import MropeLayout
-from ._checks import as_prompt_ids, check_grid, check_placeholders, check_seconds
+from ._checks import as_prompt_ids, check_grid_rows, check_placeholders, check_seconds, placeholder_runs
 from ._family import family_of
 
-__all__ = ["mrope_positions", "mm_token_type_ids", "rope_layout", "layout_rule"]
+__all__ = ["mrope_positions", "mm_token_type_ids", "rope_layout", "layout_of_rows", "layout_rule"]
 
 # the get_rope_index rules slabstage follows without calling it: transformers 5.6 grouped the prompt by token
 # type (text counts on from p + max(h, w) / merge after an item); 5.18 multiplies a Qwen2.5-VL video's frame
@@ -29,18 +29,32 @@ def mm_token_type_ids(model, input_ids: torch.Tensor) -> torch.Tensor:
     return types
 
 
-def check_vlm_prompt(fam, ids: torch.Tensor, image_grid_thw, video_grid_thw, second_per_grid_ts, where: str):
-    """``(image grid, video grid)`` as host ``int64[N, 3]`` (or None) once the grids, ``second_per_grid_ts``
-    and the placeholders of the prompt ``ids`` agree; raises ``TypeError``/``ValueError`` naming what does not."""
+def check_vlm_grids(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, where: str):
+    """``(image grid rows, video grid rows)`` (lists of ``[t, h, w]``, or None) once the grids and
+    ``second_per_grid_ts`` are right on their own; raises ``TypeError``/``ValueError`` naming what is not."""
     merge = fam.merge
-    images = check_grid(image_grid_thw, "image_grid_thw", where, merge)
-    videos = check_grid(video_grid_thw, "video_grid_thw", where, merge)
+    images = check_grid_rows(image_grid_thw, "image_grid_thw", where, merge)
+    videos = check_grid_rows(video_grid_thw, "video_grid_thw", where, merge)
     if second_per_grid_ts is not None and fam.name != "qwen2_5_vl":
         raise ValueError(f"{where} {fam.name} takes no second_per_grid_ts (it is Qwen2.5-VL's)")
     check_seconds(second_per_grid_ts, videos, where)
-    # Qwen3-VL parts a video's frames by timestamps: one placeholder run per frame
-    runs = check_placeholders(ids, fam.placeholder_ids, images, videos, where, merge, frames=fam.has_deepstack)
-    return images, videos, runs
+    return images, videos
+
+
+def check_vlm_prompt(fam, ids: torch.Tensor, image_grid_thw, video_grid_thw, second_per_grid_ts, where: str):
+    """``(image grid, video grid, runs)`` once the grids, ``second_per_grid_ts`` and the placeholders of the
+    host prompt ``ids`` agree: the grids as host ``int64[N, 3]`` (or None), ``runs`` as
+    :func:`check_placeholders` returns them; raises ``TypeError``/``ValueError`` naming what does not.
+    (:func:`slabstage.hf.pack_requests` checks a whole batch so, its placeholders found in one pass.)"""
+    images, videos = check_vlm_grids(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, where)
+    found, = placeholder_runs(ids.numpy(), fam.placeholder_ids, [0])
+    runs = check_placeholders(found, images, videos, where, fam.merge, frames=fam.has_deepstack)
+    return grid_tensor(images), grid_tensor(videos), runs
+
+
+def grid_tensor(rows: list | None) -> torch.Tensor | None:
+    """Checked grid rows (:func:`check_vlm_grids`) as the host ``int64[N, 3]`` HF takes (None stays None)."""
+    return None if rows is None else torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,20 +73,25 @@ def layout_rule(version: str) -> str | None:
 
 def rope_layout(fam, runs, images, videos, second_per_grid_ts, start: int, end: int, rule: str) -> MropeLayout:
     """The :class:`~slabstage.MropeLayout` of the chunk ``[start, end)`` of one checked prompt: its placeholder
-    ``runs`` (from :func:`check_vlm_prompt`) with their grid rows, computed as ``get_rope_index`` would under
-    ``rule`` (:func:`layout_rule`), a few operations an item."""
-    image_rows = images.tolist() if images is not None else []
-    video_rows = videos.tolist() if videos is not None else []
+    ``runs`` and grids (host tensors, from :func:`check_vlm_prompt`), as :func:`layout_of_rows` makes it."""
+    rows = (lambda grid: None if grid is None else grid.tolist())
+    return layout_of_rows(fam, runs, rows(images), rows(videos), second_per_grid_ts, start, end, rule)
+
+
+def layout_of_rows(fam, runs, images, videos, second_per_grid_ts, start: int, end: int, rule: str) -> MropeLayout:
+    """The :class:`~slabstage.MropeLayout` of the chunk ``[start, end)`` of one checked prompt: its placeholder
+    ``runs`` (:func:`check_placeholders`) with their grids' rows ``images``, ``videos`` (:func:`check_vlm_grids`),
+    computed as ``get_rope_index`` would under ``rule`` (:func:`layout_rule`), a few operations an item."""
     frames = fam.has_deepstack
     tps = fam.tokens_per_second
     starts, grids, intervals = [], [], []
     for s, _, kind, j, _ in runs:
         starts.append(s)
         if kind == 1:
-            grids.append(image_rows[j])
+            grids.append(images[j])
             intervals.append(1)
             continue
-        t, h, w = video_rows[j]
+        t, h, w = videos[j]
         grids.append((1, h, w) if frames else (t, h, w))
         if tps is None:
             intervals.append(1)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Sequence
 
 import numpy as np
@@ -12,9 +12,9 @@ import torch
 
 from ..graph_runner.batch import PrefillBatch
 from ..kernels.mrope import mrope_from_segments, mrope_segments
-from ._checks import as_prompt_ids, check_chunk, check_items, check_mrope
-from ._family import family_of
-from .mrope import check_vlm_prompt, layout_rule, rope_index, rope_layout
+from ._checks import as_prompt_ids, check_chunk, check_items, check_mrope, check_placeholders, placeholder_runs
+from ._family import family_of, transformers_version
+from .mrope import check_vlm_grids, grid_tensor, layout_of_rows, layout_rule, rope_index
 
 __all__ = ["Request", "pack_requests"]
 
@@ -46,41 +46,75 @@ class Request:
 
 @dataclass
 class _Checked:
-    """One request after its checks: host ids, its chunk, host grids, its placeholder runs and items' rows."""
+    """The requests after their checks, a list entry each: host ids (the whole prompt), chunk ``(start, end)``,
+    grid rows (or None), placeholder runs (:func:`check_placeholders`), items and their rows. ``values``: the
+    prompts end to end, request ``k``'s from ``firsts[k]``."""
 
-    ids: torch.Tensor
-    start: int
-    end: int
-    images: torch.Tensor | None
-    videos: torch.Tensor | None
+    ids: list
+    chunks: list
+    images: list
+    videos: list
     runs: list
-    media: Sequence
+    media: list
     rows: list
+    values: np.ndarray
+    firsts: list
 
 
 _VLM_ONLY = ("media", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "mrope_positions")
 
 
-def _check_request(fam, req, k: int) -> _Checked:
-    """Everything about request ``k``: ids, chunk, grids against placeholders, items against grids. Raises
-    ``TypeError``/``ValueError`` naming the request and what is wrong."""
-    where = f"slabstage.hf.pack_requests: request {k}:"
-    if not isinstance(req, Request):
-        raise TypeError(f"{where} a request must be a slabstage.hf.Request, got {type(req).__name__}")
-    ids = as_prompt_ids(req.input_ids, where)
-    start, end = check_chunk(req.chunk, ids.shape[0], where)
-    media = () if req.media is None else req.media
-    if not fam.is_vlm:
+def _check_requests(fam, requests: list) -> _Checked:
+    """Every check of every request (:func:`_check`); raises ``TypeError``/``ValueError`` naming the first bad
+    request and what is wrong with it."""
+    try:
+        return _check(fam, requests, 0)
+    except (TypeError, ValueError):
+        # _check runs each kind of check over the whole batch before the next kind, so the error it raised may
+        # be a later request's: name the first bad one, as checking them one at a time does
+        if len(requests) > 1:
+            for k, req in enumerate(requests):
+                _check(fam, [req], k)
+        raise
+
+
+def _check(fam, requests: list, first: int) -> _Checked:
+    """Everything about ``requests`` (request ``first`` the first): ids, chunks, grids against placeholders,
+    items against grids. Per request the few checks of its values; the placeholders of all the prompts found
+    in one pass over them together."""
+    vlm = fam.is_vlm
+    wheres, ids, chunks, images, videos, media = [], [], [], [], [], []
+    for k, req in enumerate(requests, first):
+        where = f"slabstage.hf.pack_requests: request {k}:"
+        if not isinstance(req, Request):
+            raise TypeError(f"{where} a request must be a slabstage.hf.Request, got {type(req).__name__}")
+        prompt = as_prompt_ids(req.input_ids, where)
+        chunks.append(check_chunk(req.chunk, prompt.shape[0], where))
+        ids.append(prompt)
+        wheres.append(where)
+        if vlm:
+            image, video = check_vlm_grids(fam, req.image_grid_thw, req.video_grid_thw, req.second_per_grid_ts,
+                                           where)
+            images.append(image)
+            videos.append(video)
+            media.append(() if req.media is None else req.media)
+            continue
         given = [name for name in _VLM_ONLY if getattr(req, name) is not None and not _empty(getattr(req, name))]
         if given:
             raise ValueError(f"{where} it gives {', '.join(given)} but {type(fam.model).__name__} ({fam.name}) is a "
                              f"text-only model: it would drop them")
-        return _Checked(ids, start, end, None, None, [], (), [])
-    images, videos, runs = check_vlm_prompt(fam, ids, req.image_grid_thw, req.video_grid_thw,
-                                            req.second_per_grid_ts, where)
-    rows = check_items(media, images, videos, where, fam.merge)
-    check_mrope(req.mrope_positions, ids.shape[0], where)
-    return _Checked(ids, start, end, images, videos, runs, media, rows)
+    firsts = list(accumulate((prompt.shape[0] for prompt in ids), initial=0))
+    values = np.concatenate([prompt.numpy() for prompt in ids])  # (a new array: the batch's ids come from it)
+    if not vlm:
+        return _Checked(ids, chunks, [], [], [], [], [], values, firsts)
+    found = placeholder_runs(values, fam.placeholder_ids, firsts[:-1])
+    runs, rows = [], []
+    merge, frames = fam.merge, fam.has_deepstack  # (Qwen3-VL parts a video's frames: one run per frame)
+    for k, req in enumerate(requests):
+        runs.append(check_placeholders(found[k], images[k], videos[k], wheres[k], merge, frames))
+        rows.append(check_items(media[k], images[k], videos[k], wheres[k], merge))
+        check_mrope(req.mrope_positions, firsts[k + 1] - firsts[k], wheres[k])
+    return _Checked(ids, chunks, images, videos, runs, media, rows, values, firsts)
 
 
 def _empty(value) -> bool:
@@ -103,7 +137,8 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     computes them on the device by the rule of the installed transformers' ``get_rope_index``
     (which is not called; transformers >= 5.6). A request that gives its own ``mrope_positions``, or
     an older transformers, makes them one ``[3, n]`` host tensor instead. Nothing here loops over
-    tokens in Python: the placeholders are found in a few numpy passes over each prompt.
+    tokens in Python: the placeholders of all the prompts are found together, in a numpy compare a kind
+    and byte scans from run to run.
 
     Every request is checked before anything is computed. Raises ``TypeError`` for a value of the
     wrong kind (ids or grids not integer tensors, a chunk not two ints, an item not a tensor or tuple
@@ -116,83 +151,98 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     """
     fam = family_of(model, "pack_requests")
     table = fam.language_model.embed_tokens.weight
-    device = torch.device("cpu") if device is None else torch.device(device)
+    device = None if device is None else torch.device(device)  # (None: the host)
     if isinstance(requests, Request) or not hasattr(requests, "__iter__"):
         raise TypeError(f"slabstage.hf.pack_requests: requests must be a list of Request, got "
                         f"{type(requests).__name__}")
     requests = list(requests)
     if not requests:
         raise ValueError("slabstage.hf.pack_requests: no requests")
-    checked = [_check_request(fam, req, k) for k, req in enumerate(requests)]
-    rule = None
+    c = _check_requests(fam, requests)
+    seq_lens = [end - start for start, end in c.chunks]
+    dst0 = list(accumulate(seq_lens, initial=0))  # each request's first batch row
+    n = dst0.pop()
+    ids = c.values  # the prompts end to end: the batch's ids unless a chunk leaves some of them out
+    if any(end - start != b - a for (start, end), a, b in zip(c.chunks, c.firsts, c.firsts[1:])):
+        ids = np.concatenate([c.values[a + start:a + end] for (start, end), a in zip(c.chunks, c.firsts)])
+    count = _count(c.firsts[-1])  # (no chunk ends past its prompt)
+    positions = np.concatenate([count[start:end] for start, end in c.chunks])
+    media_index, items, mrope = None, [], None
     if fam.is_vlm:
-        import transformers
-        rule = layout_rule(transformers.__version__)
-    as_tensor = fam.is_vlm and (rule is None or any(req.mrope_positions is not None for req in requests))
-    n = sum(c.end - c.start for c in checked)
-    index = np.full(n, -1, dtype=np.int64) if fam.is_vlm else None
-    ids_parts, pos_parts, mrope, items = [], [], [], []
-    seq_lens, starts = [], []
-    dst0 = 0  # first batch row of the current request
-    media_rows = 0  # rows of the items taken so far
-    for req, c in zip(requests, checked):
-        start, end = c.start, c.end
-        ids_parts.append(c.ids.numpy()[start:end])
-        pos_parts.append(np.arange(start, end, dtype=np.int64))
-        if fam.is_vlm:
+        rule = layout_rule(transformers_version() or "0")
+        as_tensor = rule is None or any(req.mrope_positions is not None for req in requests)
+        mrope = []
+        for req, prompt, (start, end), images, videos, runs in zip(requests, c.ids, c.chunks, c.images,
+                                                                    c.videos, c.runs):
             if req.mrope_positions is not None:
                 mrope.append(req.mrope_positions.to("cpu", torch.int64)[:, start:end])
             elif rule is None:
-                mrope.append(rope_index(fam, c.ids, c.images, c.videos, req.second_per_grid_ts)[:, start:end])
+                whole = rope_index(fam, prompt, grid_tensor(images), grid_tensor(videos), req.second_per_grid_ts)
+                mrope.append(whole[:, start:end])
             else:
-                layout = rope_layout(fam, c.runs, c.images, c.videos, req.second_per_grid_ts, start, end, rule)
+                layout = layout_of_rows(fam, runs, images, videos, req.second_per_grid_ts, start, end, rule)
                 mrope.append(mrope_from_segments(mrope_segments(layout, end - start), end - start)
                              if as_tensor else layout)
-            media_rows = _take_media(c, index, dst0, media_rows, items)
-        seq_lens.append(end - start)
-        starts.append(dst0)
-        dst0 += end - start
-    media_index = None
-    if items:
-        media_index = torch.from_numpy(index)
-        if device.type != "cpu":
-            media_index = media_index.to(device)
-    if not fam.is_vlm:
-        mrope = None
-    elif as_tensor:
-        mrope = torch.cat(mrope, 1)
+        if as_tensor:
+            mrope = torch.cat(mrope, 1)
+        index, items = _take_media(c, dst0, n)
+        if items:
+            media_index = torch.from_numpy(index)
+            if device is not None and device.type != "cpu":
+                media_index = media_index.to(device)
     return PrefillBatch(
-        input_ids=torch.from_numpy(np.concatenate(ids_parts)),
-        positions=torch.from_numpy(np.concatenate(pos_parts)), table=table, mrope_positions=mrope,
-        seq_lens=torch.from_numpy(np.array(seq_lens, dtype=np.int32)),
-        extend_start_loc=torch.from_numpy(np.array(starts, dtype=np.int32)),
-        media=items or None, media_index=media_index, expand=expand)
+        input_ids=torch.from_numpy(ids), positions=torch.from_numpy(positions), table=table,
+        mrope_positions=mrope, seq_lens=torch.from_numpy(np.array(seq_lens, dtype=np.int32)),
+        extend_start_loc=torch.from_numpy(np.array(dst0, dtype=np.int32)), media=items or None,
+        media_index=media_index, expand=expand)
 
 
-def _take_media(c: _Checked, index: np.ndarray, dst0: int, media_rows: int, items: list) -> int:
-    """Point the batch rows of the chunk's placeholder tokens at their media rows in ``index`` and append the
-    items the chunk reads to ``items`` (rebased after the ``media_rows`` rows taken so far); returns the new
-    count of media rows. Items lie end to end: the images', then the videos' (a Qwen3-VL frame is a run
-    inside its video's item)."""
-    start, end = c.start, c.end
-    ends = list(accumulate(c.rows))  # each item's end row
-    num_images = 0 if c.images is None else c.images.shape[0]
-    touched = []  # (first token, tokens, first media row) of each run the chunk reads
-    for s, length, kind, j, frame in c.runs:
-        if s < end and s + length > start:
-            item = j + num_images if kind == 2 else j
-            touched.append((s, length, ends[item] - c.rows[item] + frame * length))
-    if not touched:
-        return media_rows
-    # the media rows the chunk reads, first and last (a video's runs may come before an image's in the prompt)
-    lo_row = min(f + max(s, start) - s for s, _, f in touched)
-    hi_row = max(f + min(s + length, end) - s - 1 for s, length, f in touched)
-    first = bisect_right(ends, lo_row)
-    last = bisect_right(ends, hi_row)
-    base = 0 if first == 0 else ends[first - 1]
-    items += list(c.media[first:last + 1])
-    shift = media_rows - base
-    for s, length, f in touched:
-        a, b = max(s, start), min(s + length, end)
-        index[dst0 + a - start:dst0 + b - start] = np.arange(f + a - s + shift, f + b - s + shift)
-    return media_rows + ends[last] - base
+_COUNT = np.arange(4096, dtype=np.int64)
+
+
+def _count(size: int) -> np.ndarray:
+    """``0, 1, 2, ...``, at least ``size`` of them: the batch's positions and media rows are copied out of its
+    slices (a slice costs the host a fraction of an ``np.arange``; the array itself is never handed out). It
+    grows to the longest batch seen."""
+    global _COUNT
+    if _COUNT.shape[0] < size:
+        _COUNT = np.arange(max(size, 2 * _COUNT.shape[0]), dtype=np.int64)
+    return _COUNT
+
+
+def _take_media(c: _Checked, dst0: list, n: int) -> tuple[np.ndarray | None, list]:
+    """``(index, items)``: the items the chunks read, each request's after the one before (rebased), and
+    ``index`` (``n`` rows, request ``k``'s from ``dst0[k]``): each placeholder token's media row among them,
+    -1 for text. Items lie end to end: the images', then the videos' (a Qwen3-VL frame is a run inside its
+    video's item). A few operations a run."""
+    spans, items = [], []  # (first batch row, first media row, tokens) of each run a chunk reads
+    media_rows = 0  # rows of the items taken so far
+    for row0, (start, end), images, runs, media, rows in zip(dst0, c.chunks, c.images, c.runs, c.media, c.rows):
+        ends = list(accumulate(rows))  # each item's end row
+        num_images = len(images) if images else 0
+        touched = []  # (first batch row, its media row among the request's items, tokens) of each run read
+        lo, stop = None, 0  # the first media row read, the one past the last (a video's runs may come first)
+        for s, length, kind, j, frame in runs:
+            a, b = max(s, start), min(s + length, end)
+            if a < b:
+                item = j + num_images if kind == 2 else j
+                f = ends[item] - rows[item] + frame * length + a - s
+                touched.append((row0 + a - start, f, b - a))
+                if lo is None or f < lo:
+                    lo = f
+                if f + b - a > stop:
+                    stop = f + b - a
+        if not touched:
+            continue
+        first, last = bisect_right(ends, lo), bisect_right(ends, stop - 1)  # the items that hold them
+        base = ends[first] - rows[first]
+        items += media[first:last + 1]
+        spans += [(row, f + media_rows - base, tokens) for row, f, tokens in touched]
+        media_rows += ends[last] - base
+    if not items:
+        return None, items
+    count = _count(media_rows)
+    index = np.full(n, -1, dtype=np.int64)
+    for row, media_row, tokens in spans:  # (a run: a slice, no loop over its tokens)
+        index[row:row + tokens] = count[media_row:media_row + tokens]
+    return index, items

@@ -126,6 +126,21 @@ def test_grid_that_disagrees_with_the_placeholders_is_a_value_error(models, fami
         sshf.mrope_positions(model, ids, two)
 
 
+def test_the_first_bad_request_is_named(models):
+    """pack_requests checks the whole batch one kind of check at a time (the placeholders of all the prompts
+    in one pass): the error it raises is still the first bad request's, as checking them in turn would find."""
+    model = models("qwen2_vl")
+    ids, pv, grid = tiny_prompt(model, [(1, 4, 6)])
+    items = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid)
+    short = sshf.Request(ids, items, image_grid_thw=torch.tensor([[1, 4, 4]]))  # its placeholders disagree
+    float_chunk = sshf.Request(ids, items, image_grid_thw=grid, chunk=(0.0, 5))  # a check made before them
+    good = sshf.Request(ids, items, image_grid_thw=grid)
+    with pytest.raises(ValueError, match=r"request 1: the image placeholder run .* image_grid_thw\[0\]"):
+        sshf.pack_requests(model, [good, short, float_chunk])
+    with pytest.raises(TypeError, match=r"request 1: chunk must be two ints"):
+        sshf.pack_requests(model, [good, float_chunk, short])
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2_vl"])
 def test_float_chunk_bound_is_a_type_error(models, family):
     model = models(family)

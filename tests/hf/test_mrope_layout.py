@@ -127,6 +127,57 @@ def test_packed_layouts_stage_get_rope_index_positions(models, family, monkeypat
 
 
 @pytest.mark.parametrize("family", VLMS)
+def test_placeholder_runs_at_the_prompts_edges_stay_apart(models, family, monkeypatch):
+    """pack_requests finds the placeholders of all the prompts in one pass over them laid end to end: a run
+    that ends one prompt and one that starts the next stay two images, each its own request's."""
+    model = models(family)
+    text = torch.arange(3, 9)
+    ends = torch.cat([torch.full((4,), IMAGE), text, torch.full((6,), IMAGE)])  # (1, 4, 4), text, (1, 4, 6)
+    starts = torch.cat([torch.full((6,), IMAGE), text])  # (1, 4, 6), text
+    grids = [torch.tensor([[1, 4, 4], [1, 4, 6]]), torch.tensor([[1, 4, 6]])]
+    requests = [sshf.Request(ids, media=_media(model, grid, None), image_grid_thw=grid)
+                for ids, grid in ((ends, grids[0]), (starts, grids[1]), (ends, grids[0]))]
+    with monkeypatch.context() as m:
+        _no_rope_index(m, model)
+        batch = sshf.pack_requests(model, requests)
+    n = batch.num_tokens
+    want = torch.cat([_hf(model, r.input_ids, r.image_grid_thw, None, None)[0] for r in requests], 1)
+    assert torch.equal(mrope_from_segments(mrope_segments(batch.mrope_positions, n), n), want)
+    placeholders = batch.input_ids == IMAGE  # the items' rows in prompt order: images alone, in order
+    index = torch.full((n,), -1)
+    index[placeholders] = torch.arange(int(placeholders.sum()))
+    assert torch.equal(batch.media_index, index)
+    assert [item.shape[0] for item in batch.media] == [4, 6, 6, 4, 6]
+
+
+@pytest.mark.parametrize("family", VLMS)
+def test_rope_index_path_packs_what_the_layouts_do(models, family, monkeypatch):
+    """Before transformers 5.6 (no layout rule) the positions come from get_rope_index, one [3, n] tensor:
+    HF's columns, and the rest of the batch as the layouts' path packs it."""
+    model = models(family)
+    rng = random.Random(5 + len(family))
+    for _ in range(4):
+        requests, want = [], []
+        for _ in range(rng.randrange(1, 4)):
+            ids, images, videos = _prompt(rng, family)
+            seconds = _seconds(rng, family, videos)
+            a = rng.randrange(0, ids.shape[0])
+            b = rng.randrange(a + 1, ids.shape[0] + 1)
+            requests.append(sshf.Request(ids, media=_media(model, images, videos), image_grid_thw=images,
+                                         video_grid_thw=videos, second_per_grid_ts=seconds, chunk=(a, b)))
+            want.append(_hf(model, ids, images, videos, seconds)[0][:, a:b])
+        layouts = sshf.pack_requests(model, requests)
+        with monkeypatch.context() as m:
+            m.setattr(sshf.pack, "layout_rule", lambda version: None)
+            tensor = sshf.pack_requests(model, requests)
+        assert torch.equal(tensor.mrope_positions, torch.cat(want, 1))
+        for name in ("input_ids", "positions", "seq_lens", "extend_start_loc", "media_index"):
+            got, same = getattr(tensor, name), getattr(layouts, name)
+            assert (got is None and same is None) or torch.equal(got, same), name
+        assert [id(x) for x in tensor.media or ()] == [id(x) for x in layouts.media or ()]
+
+
+@pytest.mark.parametrize("family", VLMS)
 def test_reference_and_delta_match_get_rope_index(models, family):
     """Many prompts through the PyTorch reference (what the CPU path stages), and the offset the positions
     after the prompt continue from (HF's mrope_position_deltas)."""
