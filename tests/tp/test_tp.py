@@ -7,8 +7,9 @@ outputs equal the single-process ones.
 - CPU: two processes on gloo (torch.multiprocessing spawn, a ``file://``
   rendezvous in a temporary folder); the kernels run under the Triton interpreter
   (conftest sets TRITON_INTERPRET=1 and the children inherit it). One spawn serves
-  the module: the workers run every case and save what they hold; the tests
-  compare it with the single-process result computed here.
+  the module in a test session (``spawn_ranks`` in tests/tp/conftest.py): the ranks run
+  every case and save what they hold; the tests compare it with the single-process
+  result computed here.
 - Two GPUs (``cuda`` + ``multigpu``): the same over NCCL with CUDA graphs, for
   both placements of the all-reduce (before replay, inside the graph).
 """
@@ -27,7 +28,6 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from slabstage import PrefillGraphRunner, StagingBuffers, stage_embeddings
 from slabstage.distributed import SlabAllReduce, all_reduce_in_forward, vocab_parallel_args, vocab_shard
@@ -45,12 +45,6 @@ def multicast_off() -> None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-
-
-def spawn(worker, tmp_path) -> dict[int, dict]:
-    """Run ``worker(rank, WORLD, folder)`` in WORLD processes; return what each saved."""
-    mp.spawn(worker, args=(WORLD, str(tmp_path)), nprocs=WORLD, join=True)
-    return {rank: torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)}
 
 
 def init(backend: str, rank: int, world: int, folder: str, **kw) -> None:
@@ -274,8 +268,8 @@ def _gloo_worker(rank: int, world: int, folder: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gloo(tmp_path_factory):
-    return spawn(_gloo_worker, tmp_path_factory.mktemp("gloo"))
+def gloo(spawn_ranks):
+    return spawn_ranks(_gloo_worker, "gloo")
 
 
 def media_rows(c: dict) -> torch.Tensor:
@@ -519,9 +513,9 @@ def _nccl_worker(rank: int, world: int, folder: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def nccl(tmp_path_factory):
+def nccl(spawn_ranks):
     multicast_off()
-    return spawn(_nccl_worker, tmp_path_factory.mktemp("nccl"))
+    return spawn_ranks(_nccl_worker, "nccl")
 
 
 @pytest.mark.cuda

@@ -25,7 +25,6 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from slabstage import PrefillGraphRunner, StagingBuffers, media_index_from_mask, new_error_word, stage_embeddings
 from slabstage.distributed import SlabAllReduce, all_reduce_in_forward, vocab_parallel_args, vocab_shard
@@ -35,11 +34,6 @@ WORLD = 2
 POISON = 12345.0  # finite, so whole slabs compare with torch.equal; rows past pad_to must keep it
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 PLACEMENTS = ("before_replay", "in_graph")
-
-
-def spawn(worker, tmp_path) -> dict[int, dict]:
-    mp.spawn(worker, args=(WORLD, str(tmp_path)), nprocs=WORLD, join=True)
-    return {rank: torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)}
 
 
 def init(rank: int, world: int, folder: str) -> None:
@@ -242,8 +236,8 @@ def _gloo_worker(rank: int, world: int, folder: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gloo(tmp_path_factory):
-    return spawn(_gloo_worker, tmp_path_factory.mktemp("gloo_items"))
+def gloo(spawn_ranks):
+    return spawn_ranks(_gloo_worker, "gloo_items")
 
 
 # ==================================================================================================
