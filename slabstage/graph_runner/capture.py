@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..kernels.launch import Stager
+from ..kernels.launch import Stager, capture_stream
 from ..staging.buffers import StagingBuffers
 from .batch import PrefillBatch
 from .nvtx import nvtx_range
@@ -49,18 +49,6 @@ class Captured:
     stager: Stager
     seconds: float
     bytes: int
-
-
-_CAPTURE_STREAMS: dict = {}
-
-
-def _capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for every capture: cuBLAS keeps a workspace per stream it
-    has run on (32 MiB on Hopper), so a fresh stream per capture() would cost one more each time."""
-    stream = _CAPTURE_STREAMS.get(device)
-    if stream is None:
-        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
 
 
 def _progress(total: int, enabled: bool):
@@ -107,7 +95,7 @@ def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buc
     start = time.perf_counter()
     graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
     bar = _progress(len(buckets), progress)
-    stream = _capture_stream(device)
+    stream = capture_stream(device, "runner")
     stream.wait_stream(torch.cuda.current_stream(device))
     bucket = None
     checks, dropped = {}, {}
@@ -231,7 +219,7 @@ def _reset_capture_state(device: torch.device) -> None:
     generators then leave capture mode (otherwise the next random op outside a graph fails)."""
     try:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=_capture_stream(device)):
+        with torch.cuda.graph(graph, stream=capture_stream(device, "runner")):
             pass
         del graph
     except Exception:  # noqa: BLE001 - nothing more to do; the error that got here is reported

@@ -31,20 +31,23 @@ from .runtime import launch_lock, next_pow2, use_triton
 from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, launch_settings, stage_kernel
 from .validate import Checked, check_batch
 
-__all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch"]
+__all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream"]
 
 _SHARED: dict = {}  # destinations' layout -> the Stager the ops share
 _LOCK = threading.Lock()
 _LAST_SLAB: list = [None]  # (slab, errors, layout, Destinations, Stager) of the last stage_embeddings call
 _REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
 _MAX_GRAPHS = 64  # graphs a stager keeps for the ops' calls (an engine stages into a few destinations)
-_STREAMS: dict = {}  # device -> the side stream the ops' graphs are captured on
+_STREAMS: dict = {}  # (device, who) -> the side stream its captures run on
 
 
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    stream = _STREAMS.get(device)
+def capture_stream(device: torch.device, who: str) -> torch.cuda.Stream:
+    """The side stream ``who`` (``"runner"``, ``"ops"``: apart, so that two threads never capture on one)
+    captures on, one per device: cuBLAS keeps a workspace per stream it has run on (32 MiB on Hopper), so a
+    fresh stream per capture would cost one more each time."""
+    stream = _STREAMS.get((device, who))
     if stream is None:
-        stream = _STREAMS[device] = torch.cuda.Stream(device)
+        stream = _STREAMS[device, who] = torch.cuda.Stream(device)
     return stream
 
 
@@ -90,7 +93,7 @@ class Stager(BlockWriter):
         self._copies: dict = {}  # (slot, words) -> (ring view, device view)
         self.configs: dict = {}  # the configurations check_batch has passed for these destinations
         self._kept: list = []  # (host block, device block) of launches captured in a caller's graph
-        self._graphs: dict = {}  # (slab, error word, rows) -> a graph of the fetch and the kernel (ops' calls)
+        self._graphs: dict = {}  # (slab, error word, rows) -> launches so far, then a graph of them (ops' calls)
         self._fetch_loaded = False
         self._now = self.params  # the device block the next launch reads
         self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared block
@@ -202,23 +205,21 @@ class Stager(BlockWriter):
         dst = self.dst
         rows = min(next_pow2(c.pad_to), dst.capacity)
         key = (0 if dst.slab is None else dst.slab.data_ptr(), dst.errors.data_ptr(), rows)
-        graph = self._graphs.get(key)
-        if graph:
-            graph.replay()
-            self.ring.commit(self._pending[0])
+        entry = self._graphs.get(key, 0)  # the bucket's launches so far, or its graph
+        if not isinstance(entry, int):
+            entry.replay()
+            self.replayed()
             return
         self.launch(c, c.pad_to)
-        if graph is None:  # seen once: a destination staged once is never captured
-            if len(self._graphs) >= _MAX_GRAPHS:
-                self._graphs.clear()
-            self._graphs[key] = False
-        elif graph is False:
-            self._graphs[key] = self._capture(rows) or 0
+        if not entry and len(self._graphs) >= _MAX_GRAPHS:
+            self._graphs.clear()
+        graph = self._capture(rows) if entry == 1 else None  # (a destination staged once is never captured)
+        self._graphs[key] = graph if graph is not None else entry + 1
 
     def _capture(self, rows: int):
         """A graph of :meth:`record` for ``rows`` rows, captured on a side stream; None if capture fails."""
         device = self.dst.device
-        stream, current = _side_stream(device), torch.cuda.current_stream(device)
+        stream, current = capture_stream(device, "ops"), torch.cuda.current_stream(device)
         if not self._fetch_loaded:  # (its module loads outside the capture; the block it copies goes unused)
             self._fetch(1)
             self._fetch_loaded = True
