@@ -24,9 +24,12 @@ $(STAMP): pyproject.toml
 	fi
 	@if ! $(PY) -c "import torch" >/dev/null 2>&1; then \
 	  echo "setup: installing $(CPU_TORCH) (CPU build) and $(CPU_TRITON)"; \
-	  $(PY) -m pip install -q --disable-pip-version-check "$(CPU_TORCH)" "$(CPU_TRITON)"; \
+	  $(PY) -m pip install -q --no-compile --disable-pip-version-check "$(CPU_TORCH)" "$(CPU_TRITON)"; \
 	fi
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,bench]"
+	$(PY) -m pip install -q --no-compile --disable-pip-version-check -e ".[test,bench]"
+	@# bytecode for what was installed, on every core (pip compiles one file at a time: 4x longer); a file
+	@# that is not Python 3 (a template, test data) fails to compile and is left as it is
+	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 	@touch $(STAMP)
 
 demo: setup

@@ -1,6 +1,7 @@
 """Compile the staging kernel for sm_90 on any machine (no GPU needed): its global loads by width, its registers.
 
-    python tools/compile_stage_kernel.py            # one JSON line per slab configuration
+    python tools/compile_stage_kernel.py                 # one JSON line per slab configuration
+    python tools/compile_stage_kernel.py 4096:fp32       # just that one
 
 Triton's wheel carries ptxas, so the PTX can be read where no GPU is. The kernel reads
 every source through an address from its parameter block, in two instances: one that
@@ -72,9 +73,12 @@ def registers(ptx: str) -> int | None:
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description="Compile the staging kernel for sm_90 (no GPU needed) and print its global "
-                                        "loads by width and its registers: one JSON line per slab "
-                                        "configuration.").parse_args()
-    for width, slab in ((4096, "bf16"), (8192, "bf16"), (4096, "fp32")):
-        print(json.dumps(load_counts(width, slab)))
+    parser = argparse.ArgumentParser(description="Compile the staging kernel for sm_90 (no GPU needed) and print its "
+                                                 "global loads by width and its registers: one JSON line per slab "
+                                                 "configuration.")
+    parser.add_argument("configs", nargs="*", default=["4096:bf16", "8192:bf16", "4096:fp32"],
+                        help="slab configurations WIDTH:DTYPE (dtype bf16, fp16 or fp32; default: %(default)s)")
+    for config in parser.parse_args().configs:
+        width, slab = config.split(":")
+        print(json.dumps(load_counts(int(width), slab)))
     sys.exit(0)

@@ -36,6 +36,52 @@ def launch_lock(device: torch.device):
     """What a launch on ``device`` holds: the interpreter's lock on the CPU, nothing on a GPU."""
     return INTERPRETER_LOCK if device.type == "cpu" else _NO_LOCK
 
+
+def _patch_once_per_launch() -> None:
+    """Under the interpreter, patch ``triton.language`` for a device function once per launch, not per call.
+
+    Triton's interpreter (3.x) re-patches ``triton.language`` every time a program calls a ``@triton.jit``
+    function (``tl.zeros`` is one), a scan of the language's modules that took about a third of the staging
+    kernel's interpreted time. A second patch for the same function within one launch finds everything
+    patched by the first and changes nothing, so it is skipped: the same results, sooner. Nothing changes
+    where the interpreter's internals are not the ones this was written against.
+    """
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover
+        return
+    patch, grid_call = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "GridExecutor", None)
+    if patch is None or grid_call is None or getattr(patch, "_slabstage", False):
+        return
+    grid_call = grid_call.__call__
+    state = threading.local()  # the functions patched in this thread's launch
+
+    class _Patched:
+        def restore(self) -> None:
+            pass
+
+    def patch_once(fn, *args):
+        seen = getattr(state, "seen", None)
+        if seen is not None:
+            if fn in seen:
+                return _Patched()
+            seen.add(fn)
+        return patch(fn, *args)
+
+    def launch(self, *args, **kwargs):
+        outer, state.seen = getattr(state, "seen", None), set()
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            state.seen = outer
+
+    patch_once._slabstage = True
+    interpreter._patch_lang = patch_once
+    interpreter.GridExecutor.__call__ = launch
+
+if HAS_TRITON and INTERPRET:
+    _patch_once_per_launch()
+
 if HAS_TRITON:
 
     class Constant(tl.constexpr):
