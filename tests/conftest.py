@@ -33,6 +33,16 @@ def device(request):
     return torch.device(request.param)
 
 
+@pytest.fixture(params=["kernel", "reference"])
+def mask_path(request, monkeypatch):
+    """``media_index_from_mask`` on its Triton kernel (the interpreter on CPU) or on its PyTorch reference."""
+    if request.param == "reference":
+        from slabstage.kernels import media_index
+
+        monkeypatch.setattr(media_index, "use_triton", lambda t: False)
+    return request.param
+
+
 @pytest.fixture
 def kernel_only(device, monkeypatch):
     """Make the PyTorch reference fail if the one staging path picks it: under the interpreter (CPU) and on

@@ -14,7 +14,6 @@ from slabstage import (BufferRegistry, StagingBuffers, StagingError, WidthContra
                        resolve_input_embeds_width)
 from slabstage.kernels import MEDIA_COUNT_MISMATCH, default_error_word
 from slabstage.kernels import errors as errors_module
-from slabstage.kernels import media_index as media_index_module
 
 NO_ROW = 2**31 - 1
 CLEAN = [0, 0, NO_ROW, 0]
@@ -29,14 +28,6 @@ def allocate(device, **kw):
 def fresh_default_words(monkeypatch):
     """Forget the module-level default words for the test, so that the next call creates one."""
     monkeypatch.setattr(errors_module, "_DEFAULT_WORDS", {})
-
-
-@pytest.fixture(params=["triton", "reference"])
-def mask_path(request, monkeypatch):
-    """Run media_index_from_mask on the Triton path (interpreter on CPU) or on the PyTorch reference."""
-    if request.param == "reference":
-        monkeypatch.setattr(media_index_module, "use_triton", lambda t: False)
-    return request.param
 
 
 # ==================================================================================================

@@ -253,15 +253,6 @@ def chunk_reference(mask, src_start):
     return torch.tensor(out, dtype=torch.int32)
 
 
-@pytest.fixture(params=["kernel", "reference"])
-def mask_path(request, monkeypatch):
-    """The Triton kernel (the interpreter on CPU) or the PyTorch reference path."""
-    if request.param == "reference":
-        from slabstage.kernels import media_index as module
-        monkeypatch.setattr(module, "use_triton", lambda t: False)
-    return request.param
-
-
 @pytest.mark.parametrize("n", [1, 7, 64, 1023, 1025, 2500])
 @pytest.mark.parametrize("src_start", [0, 1, 37, 4099])
 def test_mask_src_start(n, src_start, device, mask_path):

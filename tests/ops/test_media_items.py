@@ -25,7 +25,9 @@ from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, Pref
                        StagingBuffers, StagingError, WidthContractError, media_index_from_mask, new_error_word,
                        stage_embeddings)
 from slabstage.kernels import default_error_word
-from slabstage.models import VARIANTS, ToyMultimodalModel, make_batch
+from slabstage.models import VARIANTS, make_batch
+
+from builders import gen, poisoned, randint, randn, same_bytes, toy, toy_buffers  # noqa: I001 - tests/builders.py
 
 NO_ROW = 2**31 - 1
 CLEAN = [0, 0, NO_ROW, 0]
@@ -35,23 +37,7 @@ F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 DTYPES = (F32, BF16, F16)
 
 
-# -- inputs ----------------------------------------------------------------------------------------
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def randn(g, rows, width, dtype=F32, device="cpu"):
-    return (torch.randn(rows, width, generator=g) * 2).to(dtype).to(device)
-
-
-def randint(g, low, high, n, dtype=torch.int64, device="cpu"):
-    return torch.randint(low, high, (n,), generator=g).to(dtype).to(device)
-
-
-def poisoned(rows, width, dtype, device, value=NAN):
-    return torch.full((rows, width), value, dtype=dtype, device=device)
-
+# -- inputs (gen, randn, randint, poisoned: tests/builders.py) -----------------------------------
 
 def make_items(g, rows, width, dtype, device, splits=None):
     """One item per entry of ``rows``; ``splits[i]`` is None (a 2-D tensor) or block widths (a tuple)."""
@@ -161,11 +147,6 @@ def expected_slab(before, ids, table, media, media_index, *, pad_to=None, expand
         out[r] = row
     out[n:pad_to] = 0
     return out, [codes, count, first, found]
-
-
-def same_bytes(a, b) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.detach().cpu().contiguous().view(torch.uint8), b.detach().cpu().contiguous().view(torch.uint8))
 
 
 def assert_same_slab(got, want, what="slab"):
@@ -811,16 +792,6 @@ def test_item_in_the_slabs_storage_but_not_overlapping_is_accepted(device):
 # ==================================================================================================
 # The runner: PrefillBatch with items (eager on CPU)
 # ==================================================================================================
-def toy(variant, dtype=F32, device="cpu", hidden=32, k=2):
-    return ToyMultimodalModel(variant, hidden_size=hidden, vocab_size=97, num_layers=max(2, k), num_heads=2,
-                              deepstack_k=k, hc_mult=2, device=device, dtype=dtype, seed=0)
-
-
-def toy_buffers(model, capacity, device="cpu"):
-    return StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=8, embed_width=model.embed_width,
-                                   embed_dtype=model.dtype, device=device)
-
-
 def as_items(media, model, cuts, *, pinned=False):
     """``media``'s rows cut at ``cuts`` into items (separate tensors); DeepStack items as column blocks."""
     bounds = [0, *cuts, media.shape[0]]
@@ -926,7 +897,7 @@ def test_runner_refuses_bad_items_before_any_write(name, media, exc):
 # CUDA: capture and replay, sync-free, pinned host items
 # ==================================================================================================
 def cuda_runner(variant, buckets, *, hidden=128, k=3):
-    model = toy(variant, BF16, "cuda", hidden=hidden, k=k)
+    model = toy(variant, BF16, "cuda", hidden=hidden, layers=max(2, k), k=k)
     buffers = toy_buffers(model, max(buckets), "cuda")
     runner = PrefillGraphRunner(model, buffers, buckets=buckets, max_padding_ratio=2.0, progress=False).capture()
     return model, buffers, runner

@@ -1,6 +1,7 @@
 """stage_embeddings against its PyTorch reference and a hand-written expectation, bit for bit."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -13,19 +14,17 @@ from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, StagingError, WidthContrac
 from slabstage.kernels import default_error_word
 from slabstage.kernels.reference import stage_embeddings_reference
 
+import builders  # noqa: I001 - tests/builders.py
+from builders import randint, randn, same_bytes  # noqa: I001
+
 NO_ROW = 2**31 - 1
 POISON = 12345.0  # finite, so the untouched tail compares with torch.equal
 CLEAN = [0, 0, NO_ROW, 0]
 
 
-# -- inputs ----------------------------------------------------------------------------------
+# -- inputs (randn, randint: tests/builders.py) ---------------------------------------------------
 
-def randn(g, *shape, dtype=torch.float32, device="cpu"):
-    return (torch.randn(*shape, generator=g) * 2).to(dtype).to(device)
-
-
-def randint(g, low, high, n, dtype=torch.int64, device="cpu"):
-    return torch.randint(low, high, (n,), generator=g).to(dtype).to(device)
+poisoned = partial(builders.poisoned, value=POISON)
 
 
 def spans_index(n, spans, device, dtype=torch.int64):
@@ -45,10 +44,6 @@ def interleaved(n, num_media, device, dtype=torch.int64):
     start_b = min(n, a + 1 + n // 4)
     b = max(0, min(num_media - a, n - start_b - 1))
     return spans_index(n, [(n // 8, min(a, n - n // 8), 0), (start_b, b, a)], device, dtype)
-
-
-def poisoned(rows, width, dtype, device, value=POISON):
-    return torch.full((rows, width), value, dtype=dtype, device=device)
 
 
 # -- what the slab must hold --------------------------------------------------------------------
@@ -96,11 +91,6 @@ def run_reference(slab, ids, table, *, media=None, media_index=None, pad_to=None
                                text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size,
                                media_owner=media_owner, errors=errors)
     return out, errors
-
-
-def same_bytes(a, b):
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def stage_and_check(slab, ids, table, **kw):

@@ -34,6 +34,9 @@ from slabstage.distributed import SlabAllReduce, all_reduce_in_forward, vocab_pa
 from slabstage.kernels.launch import stage_batch
 from slabstage.models import ToyMultimodalModel, make_batch
 
+import builders  # noqa: I001 - tests/builders.py
+from builders import shard_table  # noqa: I001
+
 WORLD = 2
 POISON = 12345.0  # finite, so whole slabs compare with torch.equal; rows past pad_to must keep it
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -50,15 +53,6 @@ def multicast_off() -> None:
 def init(backend: str, rank: int, world: int, folder: str, **kw) -> None:
     dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120), **kw)
-
-
-def shard_table(table: torch.Tensor, vocab_size: int, rank: int, *, padding: int) -> torch.Tensor:
-    """Rank ``rank``'s table as an engine holds it: its rows, then NaN padding rows (never to be read)."""
-    start, end = vocab_shard(vocab_size, rank, WORLD, padding=padding)
-    rows = vocab_shard(vocab_size, 0, WORLD, padding=padding)[1]  # the padded shard size
-    local = torch.full((rows, table.shape[1]), float("nan"), dtype=table.dtype, device=table.device)
-    local[:end - start] = table[start:end]
-    return local
 
 
 # ==================================================================================================
@@ -174,13 +168,11 @@ RUNNER_VOCAB, RUNNER_PADDING, RUNNER_SIZES = 97, 8, (5, 29)
 
 
 def toy(variant: str, dtype: torch.dtype, device="cpu") -> ToyMultimodalModel:
-    return ToyMultimodalModel(variant, hidden_size=32, vocab_size=RUNNER_VOCAB, num_layers=2, num_heads=2,
-                              deepstack_k=1, hc_mult=2, device=device, dtype=dtype, seed=0)
+    return builders.toy(variant, dtype, device, vocab=RUNNER_VOCAB, k=1)
 
 
 def toy_buffers(model: ToyMultimodalModel, capacity: int, device="cpu") -> StagingBuffers:
-    return StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=4, embed_width=model.embed_width,
-                                   embed_dtype=model.dtype, device=device)
+    return builders.toy_buffers(model, capacity, device, batch=4)
 
 
 def runner_batch(model: ToyMultimodalModel, n: int, g: torch.Generator):
@@ -221,13 +213,14 @@ def _gloo_worker(rank: int, world: int, folder: str) -> None:
             c = staging_case(name, dtype)
             vocab = vocab_parallel_args(c["vocab"], rank, world, padding=c["padding"], media_rank=c["owners"][0])
             vocab["media_owner"] = rank in c["owners"]
-            buffers = stage_case(c, dtype, shard_table(c["table"], c["vocab"], rank, padding=c["padding"]), **vocab)
+            local = shard_table(c["table"], c["vocab"], rank, WORLD, padding=c["padding"])
+            buffers = stage_case(c, dtype, local, **vocab)
             SlabAllReduce(buffers)(c["pad_to"])
             saved["staging"][name, dname] = (buffers.input_embeds.clone(), buffers.errors.clone())
 
     for variant, dname in RUNNER_CONFIGS:
         model = toy(variant, DTYPES[dname])
-        local = shard_table(model.embed_tokens.weight, RUNNER_VOCAB, rank, padding=RUNNER_PADDING)
+        local = shard_table(model.embed_tokens.weight, RUNNER_VOCAB, rank, WORLD, padding=RUNNER_PADDING)
         vocab = vocab_parallel_args(RUNNER_VOCAB, rank, world, padding=RUNNER_PADDING)
         for placement in PLACEMENTS:
             tp_buffers, single_buffers = toy_buffers(model, 32), toy_buffers(model, 32)
@@ -404,7 +397,7 @@ def _nccl_staging(rank: int, world: int, device) -> dict:
             same, first = [], None
             for x in batches:
                 gpu_stage(x, single, x["table"])
-                gpu_stage(x, slab, shard_table(x["table"], GPU_VOCAB, rank, padding=GPU_PADDING), **vocab)
+                gpu_stage(x, slab, shard_table(x["table"], GPU_VOCAB, rank, WORLD, padding=GPU_PADDING), **vocab)
                 if graph is not None:
                     graph.replay()
                 else:
@@ -466,7 +459,7 @@ def _nccl_runner(rank: int, world: int, device) -> dict:
         for variant, dname in GPU_RUNNER_CONFIGS:
             dtype = DTYPES[dname]
             model = gpu_toy(variant, dtype, device)
-            local = shard_table(model.embed_tokens.weight, GPU_VOCAB, rank, padding=GPU_PADDING)
+            local = shard_table(model.embed_tokens.weight, GPU_VOCAB, rank, WORLD, padding=GPU_PADDING)
             vocab = vocab_parallel_args(GPU_VOCAB, rank, world, padding=GPU_PADDING)
             tp_buffers, single_buffers = toy_buffers(model, 96, device), toy_buffers(model, 96, device)
             if placement == "in_graph":

@@ -30,6 +30,9 @@ from slabstage import PrefillGraphRunner, StagingBuffers, media_index_from_mask,
 from slabstage.distributed import SlabAllReduce, all_reduce_in_forward, vocab_parallel_args, vocab_shard
 from slabstage.models import ToyMultimodalModel, make_batch
 
+import builders  # noqa: I001 - tests/builders.py
+from builders import shard_table  # noqa: I001
+
 WORLD = 2
 POISON = 12345.0  # finite, so whole slabs compare with torch.equal; rows past pad_to must keep it
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -39,15 +42,6 @@ PLACEMENTS = ("before_replay", "in_graph")
 def init(rank: int, world: int, folder: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
-
-
-def shard_table(table: torch.Tensor, vocab_size: int, rank: int, *, padding: int) -> torch.Tensor:
-    """Rank ``rank``'s table as an engine holds it: its rows, then NaN padding rows (never to be read)."""
-    start, end = vocab_shard(vocab_size, rank, WORLD, padding=padding)
-    rows = vocab_shard(vocab_size, 0, WORLD, padding=padding)[1]
-    local = torch.full((rows, table.shape[1]), float("nan"), dtype=table.dtype)
-    local[:end - start] = table[start:end]
-    return local
 
 
 def all_ranks_ok(ok: bool) -> bool:
@@ -144,13 +138,11 @@ RUNNER_VOCAB, RUNNER_PADDING, RUNNER_SIZES = 97, 8, (5, 29)
 
 
 def toy(variant: str, dtype: torch.dtype) -> ToyMultimodalModel:
-    return ToyMultimodalModel(variant, hidden_size=32, vocab_size=RUNNER_VOCAB, num_layers=3, num_heads=2,
-                              deepstack_k=3, device="cpu", dtype=dtype, seed=0)
+    return builders.toy(variant, dtype, vocab=RUNNER_VOCAB, layers=3, k=3)
 
 
 def toy_buffers(model: ToyMultimodalModel, capacity: int) -> StagingBuffers:
-    return StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=4, embed_width=model.embed_width,
-                                   embed_dtype=model.dtype, device="cpu")
+    return builders.toy_buffers(model, capacity, batch=4)
 
 
 def runner_batches(model: ToyMultimodalModel, n: int, g: torch.Generator):
@@ -172,7 +164,7 @@ def runner_batches(model: ToyMultimodalModel, n: int, g: torch.Generator):
 
 def _runner_case(rank, world, variant, dname, placement):
     model = toy(variant, DTYPES[dname])
-    local = shard_table(model.embed_tokens.weight.detach(), RUNNER_VOCAB, rank, padding=RUNNER_PADDING)
+    local = shard_table(model.embed_tokens.weight.detach(), RUNNER_VOCAB, rank, WORLD, padding=RUNNER_PADDING)
     vocab = vocab_parallel_args(RUNNER_VOCAB, rank, world, padding=RUNNER_PADDING)
     buffers, single_buffers = toy_buffers(model, 32), toy_buffers(model, 32)
     single = PrefillGraphRunner(model, single_buffers, buckets=[8, 16, 32])  # this process, the whole table
@@ -217,7 +209,7 @@ def _gloo_worker(rank: int, world: int, folder: str) -> None:
             try:
                 errors = new_error_word("cpu")
                 index = worker_index(c, errors)
-                buffers = stage_case(c, dtype, shard_table(c["table"], c["vocab"], rank, padding=c["padding"]),
+                buffers = stage_case(c, dtype, shard_table(c["table"], c["vocab"], rank, WORLD, padding=c["padding"]),
                                      c["items"], index, errors_word3=int(errors[3]), **vocab)
                 buffers.errors[0] |= errors[0]  # what media_index_from_mask found, beside the staging's word
             except Exception:

@@ -1,0 +1,58 @@
+"""What the tests build again and again: random inputs, poisoned slabs, byte compares, toy models and their
+buffers, a rank's table shard. One place, so that a change of a builder reaches every test that uses it."""
+
+from __future__ import annotations
+
+import torch
+
+from slabstage import StagingBuffers, vocab_shard
+from slabstage.models import ToyMultimodalModel
+
+F32 = torch.float32
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(g: torch.Generator, rows: int, width: int, dtype=F32, device="cpu") -> torch.Tensor:
+    """``[rows, width]`` of N(0, 4) (values past bf16's spacing near 1, so a dropped bit shows)."""
+    return (torch.randn(rows, width, generator=g) * 2).to(dtype).to(device)
+
+
+def randint(g: torch.Generator, low: int, high: int, n: int, dtype=torch.int64, device="cpu") -> torch.Tensor:
+    return torch.randint(low, high, (n,), generator=g).to(dtype).to(device)
+
+
+def poisoned(rows: int, width: int, dtype, device, value=float("nan")) -> torch.Tensor:
+    """A slab every byte of which a kernel must write (or, past ``pad_to``, leave as it is)."""
+    return torch.full((rows, width), value, dtype=dtype, device=device)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and bytes (NaNs and signed zeros included), on any devices."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.detach().cpu().contiguous().view(torch.uint8), b.detach().cpu().contiguous().view(torch.uint8))
+
+
+def toy(variant: str, dtype=F32, device="cpu", *, hidden: int = 32, vocab: int = 97, layers: int = 2, k: int = 2,
+        **kw) -> ToyMultimodalModel:
+    """A small :class:`ToyMultimodalModel` (2 heads, hyper-connection streams of 2, seed 0)."""
+    args = dict(hidden_size=hidden, vocab_size=vocab, num_layers=layers, num_heads=2, deepstack_k=k, hc_mult=2,
+                device=device, dtype=dtype, seed=0)
+    return ToyMultimodalModel(variant, **{**args, **kw})
+
+
+def toy_buffers(model: ToyMultimodalModel, capacity: int, device="cpu", batch: int = 8) -> StagingBuffers:
+    """Buffers of ``capacity`` tokens for ``model``'s slab width and dtype."""
+    return StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=batch, embed_width=model.embed_width,
+                                   embed_dtype=model.dtype, device=device)
+
+
+def shard_table(table: torch.Tensor, vocab_size: int, rank: int, world: int, *, padding: int) -> torch.Tensor:
+    """Rank ``rank``'s table as an engine holds it: its rows, then NaN padding rows (never to be read)."""
+    start, end = vocab_shard(vocab_size, rank, world, padding=padding)
+    rows = vocab_shard(vocab_size, 0, world, padding=padding)[1]  # the padded shard size
+    local = torch.full((rows, table.shape[1]), float("nan"), dtype=table.dtype, device=table.device)
+    local[:end - start] = table[start:end]
+    return local
