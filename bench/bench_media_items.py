@@ -10,7 +10,7 @@ across cases, so the report's columns line up):
 - ``slabstage_items``: the same call with ``media`` the list of items (16 item
   tensors; DeepStack: tuples of 4 column blocks; pinned case: pinned host items
   the kernel reads through their device-mapped address). The same items each
-  call, so their item table, kept on the device, is not copied again;
+  call, so their item list, kept on the device, is not copied again;
 - ``slabstage_items_new_table``: the same, with the kept tables forgotten before
   each call, so each call copies its table to the device first, as the first
   staging of new items does (a copy of 640 bytes for 16 items, 2 KiB for DeepStack);

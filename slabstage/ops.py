@@ -3,7 +3,7 @@
 ``torch.ops.slabstage.stage_embeddings`` and ``torch.ops.slabstage.stage_token_inputs``
 declare the tensors they write (``mutates_args``) and have fake implementations,
 so Dynamo traces through them and Inductor keeps them as opaque, ordered calls.
-``stage_token_inputs``'s schema is derived from the slot table
+``stage_token_inputs``'s schema is derived from the slot list
 (:data:`slabstage.staging.slots.SLOTS`): one destination and one source per slot.
 The Python wrappers :func:`stage_embeddings_op` and :func:`stage_token_inputs_op`
 take the same arguments as the plain functions and give the same answers: each

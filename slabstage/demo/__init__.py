@@ -18,7 +18,7 @@ the padding. The demo requires, bit for bit, that
 
 and that the device error word stays clean.
 
-On a GPU the runner captures CUDA graphs and the table shows where each batch
+On a GPU the runner captures CUDA graphs and the report shows where each batch
 ran (its graph bucket, or eager) and device times from CUDA events. Without a
 GPU, ``python -m slabstage demo`` runs the Triton kernels under Triton's
 interpreter (``TRITON_INTERPRET=1``, set by ``slabstage.__main__``), nothing is
@@ -30,7 +30,7 @@ interpreter. Exit status 1 when any check fails.
 
 Modules: :mod:`.batches` (the batches and the plain-torch merge they are checked
 against), :mod:`.run` (one model layout through the runner: sizes, checks, its
-table and summary), :mod:`.cli` (the options, what stages, the Hugging Face
+report and summary), :mod:`.cli` (the options, what stages, the Hugging Face
 hand-off, the verdict).
 """
 

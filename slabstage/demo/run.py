@@ -1,4 +1,4 @@
-"""One model layout through the runner: the batch sizes, the checks of each batch, its table and summary."""
+"""One model layout through the runner: the batch sizes, the checks of each batch, its report and summary."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def run_variant(variant: str, args, device: torch.device, dtype: torch.dtype, ca
 
     ``args``: the demo's options (``seed``, ``max_padding_ratio``, ``quiet``); ``say`` prints a line
     unless quiet. Each batch's staged slab, runner output and error word are checked (module docstring
-    of :mod:`slabstage.demo`); a row of the table says how it ran and what the checks found.
+    of :mod:`slabstage.demo`); a line of the report says how it ran and what the checks found.
     """
     cuda = device.type == "cuda"
     model = ToyMultimodalModel(variant, seed=args.seed, device=device, dtype=dtype)

@@ -10,7 +10,7 @@ import bisect
 import torch
 
 __all__ = ["NO_CUDA", "ENFORCE_EAGER", "NOT_CAPTURED", "ABOVE_LARGEST", "PADDING", "REPLAY_DIFFERS",
-           "REPLAY_SLOWER", "CAPTURING", "DROPPED_WORDS", "route_table", "eager_words"]
+           "REPLAY_SLOWER", "CAPTURING", "DROPPED_WORDS", "routes_by_size", "eager_words"]
 
 # why a run() ran eagerly (runner.last_fallback; runner.stats()["eager"])
 NO_CUDA, ENFORCE_EAGER, NOT_CAPTURED = "no_cuda", "enforce_eager", "not_captured"
@@ -22,13 +22,13 @@ CAPTURING = "capturing"  # capture(lazy=True): the batch ran eagerly, then its b
 DROPPED_WORDS = {REPLAY_DIFFERS: "differs from", REPLAY_SLOWER: "is slower than"}
 
 
-def route_table(buckets: list[int], max_padding_ratio: float, pending: set, dropped: dict) -> list:
+def routes_by_size(buckets: list[int], max_padding_ratio: float, pending: set, dropped: dict) -> list:
     """The route of every token count up to the largest bucket, for an O(1) look-up on the run path.
 
-    ``table[n]`` for ``1 <= n <= buckets[-1]`` is ``n``'s bucket (the smallest one >= ``n``, an int), or why
+    ``routes[n]`` for ``1 <= n <= buckets[-1]`` is ``n``'s bucket (the smallest one >= ``n``, an int), or why
     a batch of ``n`` tokens runs eagerly: ``PADDING`` when that bucket exceeds ``n * max_padding_ratio``,
     ``CAPTURING`` when it is in ``pending``, ``dropped[bucket]`` when the capture check dropped it.
-    ``table[0]`` is ``ABOVE_LARGEST`` (no batch has 0 tokens). ``buckets`` ascend.
+    ``routes[0]`` is ``ABOVE_LARGEST`` (no batch has 0 tokens). ``buckets`` ascend.
     """
     route = [ABOVE_LARGEST]
     for n in range(1, buckets[-1] + 1):

@@ -24,7 +24,7 @@ from .buckets import default_token_buckets
 from .capture import VERIFY, CaptureError, capture_buckets
 from .nvtx import nvtx_range, range_pop, range_push
 from .outputs import first_rows
-from .routes import ABOVE_LARGEST, CAPTURING, ENFORCE_EAGER, NO_CUDA, NOT_CAPTURED, eager_words, route_table
+from .routes import ABOVE_LARGEST, CAPTURING, ENFORCE_EAGER, NO_CUDA, NOT_CAPTURED, eager_words, routes_by_size
 
 __all__ = ["PrefillGraphRunner", "CaptureError"]
 
@@ -233,7 +233,7 @@ class PrefillGraphRunner:
 
     def _routes(self) -> None:
         """The route of every token count up to the largest bucket, looked up in O(1) on the hot path."""
-        self._route = route_table(self.buckets, self._ratio, self._pending, self._dropped)
+        self._route = routes_by_size(self.buckets, self._ratio, self._pending, self._dropped)
         self._views.clear()  # a view belongs to the bucket its n replayed in
 
     def stats(self) -> dict:

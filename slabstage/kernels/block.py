@@ -2,7 +2,7 @@
 
 :class:`BlockWriter` is the half of :class:`~slabstage.kernels.launch.Stager` that turns a
 :class:`~slabstage.kernels.validate.Checked` batch into words: the header, each integer source, the item
-and segment tables, and host integer inputs copied into the block itself.
+and segment lists, and host integer inputs copied into the block itself.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .validate import LAYOUT_SLOT, Checked
 
 __all__ = ["BlockWriter", "MAX_ITEM_WORDS"]
 
-MAX_ITEM_WORDS = 1 << 14  # the room of the item and segment tables in a parameter block: 1 + 4 x blocks
+MAX_ITEM_WORDS = 1 << 14  # the room of the item and segment lists in a parameter block: 1 + 4 x blocks
 # words an item, 8 words a segment of mrope positions
 
 
@@ -40,7 +40,7 @@ class BlockWriter:
             what = f"media has {len(plan.items)} items of {plan.blocks} column blocks" if plan is not None else ""
             if seg_words:
                 what += (" and " if what else "") + f"the mrope layouts make {seg_words // SEGMENT_WORDS} segments"
-            raise ValueError(f"{what}: their tables take {item_words + seg_words} words, at most {MAX_ITEM_WORDS} "
+            raise ValueError(f"{what}: their lists take {item_words + seg_words} words, at most {MAX_ITEM_WORDS} "
                              f"fit the parameter block")
         base = self._base
         if own_block:  # a device block of its own (in the capturing graph's pool), kept with its host block
@@ -49,7 +49,7 @@ class BlockWriter:
             base = own.data_ptr()
         ns = self.num_slots
         values = [0] * (HEADER_WORDS + SOURCE_WORDS * ns)
-        end = 8 * (self._items_at + item_words + seg_words)  # bytes: host inputs follow the item, segment tables
+        end = 8 * (self._items_at + item_words + seg_words)  # bytes: host inputs follow the item and segment lists
         parts = []  # (byte offset in the block, address, bytes per row, rows, row stride in bytes)
         host = self.dst.host
         for s, t in enumerate(c.sources if ns else ()):  # (SOURCE_SLOTS come first in SLOTS)
@@ -57,7 +57,7 @@ class BlockWriter:
                 w = HEADER_WORDS + SOURCE_WORDS * s
                 values[w], values[w + 2], end = _place(c.reads[s], host, parts, base, end)
                 values[w + 1] = INT_CODE[c.reads[s][1]]
-        if seg_words:  # the mrope slot's source: the segment table after the item table
+        if seg_words:  # the mrope slot's source: the segment list after the item list
             w = HEADER_WORDS + SOURCE_WORDS * LAYOUT_SLOT
             values[w:w + 3] = base + 8 * (self._items_at + item_words), LAYOUT_CODE, seg_words // SEGMENT_WORDS
         if self.dst.slab is not None:

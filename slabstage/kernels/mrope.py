@@ -11,7 +11,7 @@ where its media items sit and their grids, by the rule of Hugging Face's
   at; the text after the item starts at ``p + max(h, w) / m``.
 
 A request says this with a :class:`MropeLayout` (a few numbers an item), and
-:func:`mrope_segments` turns a batch of them into the table the kernel reads: the
+:func:`mrope_segments` turns a batch of them into the segment list the kernel reads: the
 batch's rows cut into runs that are each text (``position = row + base``) or one
 item's piece (``base + offsets``). Building it costs the host a few operations an
 item, nothing per token. :func:`mrope_from_segments` is its PyTorch reference.
@@ -199,7 +199,7 @@ def check_layouts(layouts) -> tuple:
 
 
 def mrope_segments(layouts, n: int) -> list[int]:
-    """The segment table of a batch of ``n`` rows (``SEGMENT_WORDS`` ints a segment, rows ascending from 0).
+    """The segment list of a batch of ``n`` rows (``SEGMENT_WORDS`` ints a segment, rows ascending from 0).
 
     ``layouts``: a :class:`MropeLayout` (one request) or a sequence of them, one per request in row order,
     their ``tokens`` adding up to ``n``. Raises ``TypeError``/``ValueError`` naming the request and field."""
@@ -239,11 +239,11 @@ def _request(words: list, items: list, row0: int, offset: int, tokens: int) -> N
 
 
 def mrope_from_segments(words: Sequence[int], n: int, device=None) -> torch.Tensor:
-    """``int64[3, n]``: the positions the kernel writes from the segment table ``words`` (PyTorch reference)."""
-    table = torch.tensor(words, dtype=torch.int64).view(-1, SEGMENT_WORDS)
+    """``int64[3, n]``: the positions the kernel writes from the segment list ``words`` (PyTorch reference)."""
+    segs = torch.tensor(words, dtype=torch.int64).view(-1, SEGMENT_WORDS)
     rows = torch.arange(n, dtype=torch.int64)
-    seg = torch.searchsorted(table[:, 0].contiguous(), rows, right=True) - 1
-    row0, base, area, lw, q0, code, word = (table[seg, k] for k in range(7))
+    seg = torch.searchsorted(segs[:, 0].contiguous(), rows, right=True) - 1
+    row0, base, area, lw, q0, code, word = (segs[seg, k] for k in range(7))
     text = area == 0
     q = rows - row0 + q0
     area, lw = torch.where(text, 1, area), torch.where(text, 1, lw)

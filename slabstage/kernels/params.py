@@ -8,20 +8,20 @@ every batch. Layout (word offsets):
   ``done`` word for the host, a device counter for the fetch), the block's length,
   ``n``, the request count, vocabulary bounds, ``text_scale`` (fp32 bits),
   switches (``F_*``), the table, the ids and ``media_index`` sources, the media
-  rows, items and column blocks, where the item table starts, ``pad_to`` (the rows to write: a
+  rows, items and column blocks, where the item list starts, ``pad_to`` (the rows to write: a
   launch's grid may cover more);
 - per integer slot (:data:`~slabstage.staging.slots.SLOTS` order) its source
   (``S_*``: address, dtype, row stride), then per slot its destination (``D_*``:
   address, dtype, row stride, pad value, whether padded, kind, rows, length). The
   destinations are the same for every batch of a stager, so every word a batch
   changes lies in one stretch at the start;
-- the item table: each item's first media row, then per item and column block
+- the item list: each item's first media row, then per item and column block
   ``(address, row stride, first column, end column)``;
 - host integer inputs, each 16-byte aligned (their device address is the device
   block's plus their offset).
 
 Dtype codes: integers 1 int32, 2 int64 (0: no such input); floats 0 float16, 1 bfloat16, 2 float32. A
-source of code 3 (``LAYOUT_CODE``, the mrope slot's alone) is a segment table
+source of code 3 (``LAYOUT_CODE``, the mrope slot's alone) is a segment list
 (:mod:`slabstage.kernels.mrope`) in the block: its address, then its segment count.
 
 The ring: ``K`` pinned slots of one pinned buffer, step ``s`` written into slot
@@ -72,7 +72,7 @@ ITEM_CHUNK = 32  # item starts read per vector load when finding a media row's i
 FETCH_CHUNK = 512  # parameter-block words a fetch program copies (4 KiB)
 
 INT_CODE = {torch.int32: 1, torch.int64: 2}  # (4 bytes a code)
-LAYOUT_CODE = 3  # a source that is a segment table: positions computed from it
+LAYOUT_CODE = 3  # a source that is a segment list: positions computed from it
 FLOAT_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 FLOAT_BYTES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
 

@@ -1,5 +1,5 @@
 """The staging kernel's integer-slot rows: read a source's ints, write a slot's row with its padding and range
-check, and mrope positions computed from a segment table (:mod:`slabstage.kernels.mrope`)."""
+check, and mrope positions computed from a segment list (:mod:`slabstage.kernels.mrope`)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ if triton is not None:
 
     @triton.jit
     def mrope_rows(sd, dd, errors_ptr, rows, n, pad_to):
-        """The three rows of an mrope slot at ``rows``, computed from the batch's segment table
+        """The three rows of an mrope slot at ``rows``, computed from the batch's segment list
         (:mod:`slabstage.kernels.mrope`: the source's address and its segment count): each row's segment
         by a binary search over their first rows, then its text or media position."""
         seg = tl.load(sd + K.S_ADDR).to(tl.pointer_type(tl.int64))

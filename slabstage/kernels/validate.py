@@ -52,7 +52,7 @@ class Checked:
         self.media: MediaPlan | None = media
         self.index, self.expand, self.media_owner = index, expand, media_owner
         self.ids_read, self.index_read, self.table_read = reads3  # what check_batch read of each
-        self.segments = segments  # mrope positions given as layouts: their segment table (the source None)
+        self.segments = segments  # mrope positions given as layouts: their segment list (the source None)
 
 
 _NAMES = tuple(spec.name for spec in SOURCE_SLOTS)

@@ -502,7 +502,7 @@ def test_items_with_vocab_shard_and_text_scale(media_owner, device):
 
 
 def test_items_back_to_back(device):
-    """Each call reads the items it is given: no stale item table after the list or its tensors change."""
+    """Each call reads the items it is given: no stale item list after the list or its tensors change."""
     g = gen(15)
     W, V, n = 32, 20, 17
     table = randn(g, V, W, F32, device)
