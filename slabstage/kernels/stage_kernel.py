@@ -10,11 +10,13 @@ batch. Constexprs are what the destinations fix: the slab's width and dtype, the
 piece of a row one program writes, how many integer slots there are.
 
 Grid: with ``EMBED``, ``pad_to * COL_BLOCKS`` programs (or more: programs past
-``pad_to`` write nothing), one per ``BLOCK`` columns of a slab row; the program at
-column block 0 of every ``TOK_BLOCK``-th row also copies those rows of each integer
-slot. Without it, one program per ``TOK_BLOCK`` rows.
-Program 0 writes the per-request slots and the token count, and stores the step
-number into the ring's ``done`` word.
+``pad_to`` write nothing), one per ``BLOCK`` columns of a slab row. The integer
+slot rows come from the grid's first programs: program ``i`` also writes rows
+``[i * TOK_BLOCK, (i + 1) * TOK_BLOCK)`` of each integer slot, so that those chains of
+dependent loads (an mrope row's binary search, a source's rows one after another) run
+in the launch's first wave and never lengthen its last. Without ``EMBED``, one program
+per ``TOK_BLOCK`` rows. Program 0 writes the per-request slots and the token count,
+and stores the step number into the ring's ``done`` word.
 
 A program's row is media, text or zeros (padding, a refused id or media index,
 media another rank owns): one arm runs. Sources of any dtype the host accepts are
@@ -27,7 +29,7 @@ Registers decide the speed: a thread's registers hold its loads in flight, and t
 kernel's registers are those of its largest arm. One-element loads take an address
 each, so an arm that made them over the whole ``BLOCK`` would set every launch's
 occupancy (218 registers a thread at 4096 bf16 columns, 4 warps: 2 programs an SM,
-half the copy ceiling); walking ``PIECE`` columns keeps it near the vector arm's (64-80).
+half the copy ceiling); walking ``PIECE`` columns keeps it near the vector arm's (60-80).
 """
 
 from __future__ import annotations
@@ -71,9 +73,34 @@ if triton is not None:
         if EMBED:
             row = (pid // COL_BLOCKS).to(tl.int64)
             col0 = ((pid % COL_BLOCKS) * BLOCK).to(tl.int64)
-        else:
-            row = pid.to(tl.int64) * K.TOK_BLOCK
-            col0 = tl.zeros((), tl.int64)
+        if NUM_SLOTS > 0:
+            # program i writes the integer rows of token block i: the grid's first programs take them all, so
+            # that their chains of dependent loads run in the launch's first wave, never lengthen its last
+            tok0 = pid.to(tl.int64) * K.TOK_BLOCK
+            if tok0 < tl.maximum(pad_to, 1):  # (block 0 always: it writes the token count)
+                offs_t = tok0 + tl.arange(0, K.TOK_BLOCK)
+                for s in tl.static_range(NUM_SLOTS):
+                    sd = params_ptr + K.HEADER + s * K.SRC_WORDS
+                    dd = params_ptr + K.HEADER + NUM_SLOTS * K.SRC_WORDS + s * K.DST_WORDS
+                    kind = tl.load(dd + K.D_KIND)
+                    if tl.load(dd + K.D_DTYPE) != 0:  # a slot this stager writes
+                        if kind == K.COUNT:
+                            if tok0 == 0:
+                                store_ints(tl.load(dd + K.D_ADDR), tl.load(dd + K.D_DTYPE), 0, n, True)
+                        elif tl.load(sd + K.S_DTYPE) != 0:  # a source this batch gives
+                            if kind == K.REQUESTS:
+                                if tok0 == 0:
+                                    copy_pad(sd, dd, errors_ptr, tl.arange(0, REQ_BLOCK), tl.load(params_ptr + K.H_B),
+                                              tl.load(dd + K.D_LENGTH), 0)
+                            elif tl.load(sd + K.S_DTYPE) == K.LAYOUT:  # mrope positions from their layout
+                                mrope_rows(sd, dd, errors_ptr, offs_t, n, pad_to)
+                            else:
+                                r = 0
+                                rows = tl.load(dd + K.D_ROWS)
+                                while r < rows:
+                                    copy_pad(sd, dd, errors_ptr, offs_t, n, pad_to, r)
+                                    r += 1
+
         if EMBED:
             OUT: tl.constexpr = slab_ptr.dtype.element_ty
             # the header words that sort the row, loaded before any branch (one round trip to the cache); an
@@ -153,31 +180,6 @@ if triton is not None:
                             tl.store(dst + col0 + p + po, t, mask=ok)
                 else:  # padding, a bad or another rank's id, a bad media index, media another rank owns
                     tl.store(dst + cols, tl.zeros((BLOCK,), OUT), mask=col_ok)
-
-        if NUM_SLOTS > 0:
-            if (col0 == 0) & (row % K.TOK_BLOCK == 0):  # one program per K.TOK_BLOCK rows
-                offs_t = row + tl.arange(0, K.TOK_BLOCK)
-                for s in tl.static_range(NUM_SLOTS):
-                    sd = params_ptr + K.HEADER + s * K.SRC_WORDS
-                    dd = params_ptr + K.HEADER + NUM_SLOTS * K.SRC_WORDS + s * K.DST_WORDS
-                    kind = tl.load(dd + K.D_KIND)
-                    if tl.load(dd + K.D_DTYPE) != 0:  # a slot this stager writes
-                        if kind == K.COUNT:
-                            if row == 0:
-                                store_ints(tl.load(dd + K.D_ADDR), tl.load(dd + K.D_DTYPE), 0, n, True)
-                        elif tl.load(sd + K.S_DTYPE) != 0:  # a source this batch gives
-                            if kind == K.REQUESTS:
-                                if row == 0:
-                                    copy_pad(sd, dd, errors_ptr, tl.arange(0, REQ_BLOCK), tl.load(params_ptr + K.H_B),
-                                              tl.load(dd + K.D_LENGTH), 0)
-                            elif tl.load(sd + K.S_DTYPE) == K.LAYOUT:  # mrope positions from their layout
-                                mrope_rows(sd, dd, errors_ptr, offs_t, n, pad_to)
-                            else:
-                                r = 0
-                                rows = tl.load(dd + K.D_ROWS)
-                                while r < rows:
-                                    copy_pad(sd, dd, errors_ptr, offs_t, n, pad_to, r)
-                                    r += 1
 
     @triton.jit
     def fetch_kernel(ring_ptr, counter_ptr, params_ptr, slot_words, k, CHUNK: tl.constexpr):
