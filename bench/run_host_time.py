@@ -78,6 +78,13 @@ def main():
                                seq_lens=torch.tensor([n], dtype=torch.int32),
                                extend_start_loc=torch.tensor([0], dtype=torch.int32))
 
+    graph = runner.graphs[n][0]  # the floor: the 256-token bucket's graph replayed alone, no staging
+
+    class Replay:
+        def run(self, batch):
+            graph.replay()
+
+    res["replay_alone"] = measure("graph.replay() alone (the floor)", Replay(), lambda i: None)
     res["one_tensor"] = measure("256 tok, device inputs, one new media tensor", runner, one_tensor)
     res["items16"] = measure("256 tok, device inputs, 16 new items", runner, items16)
     res["host"] = measure("256 tok, host int inputs, one new media tensor", runner, host_inputs)

@@ -2,7 +2,9 @@
 
 :class:`BlockWriter` is the half of :class:`~slabstage.kernels.launch.Stager` that turns a
 :class:`~slabstage.kernels.validate.Checked` batch into words: the header, each integer source, the item
-and segment lists, and host integer inputs copied into the block itself.
+and segment lists, and host integer inputs copied into the block itself. What a configuration fixes (dtype
+codes, widths, switches) is a template made once per :class:`~slabstage.kernels.validate.Config`; a batch
+writes the words that change.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import torch
 
 from .mrope import SEGMENT_WORDS
 from .params import (F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED, F_TEXT_VEC,
-                     F_TEXT_WRAP, FLOAT_CODE, H_FLAGS, H_ITEMS, H_NUM_MEDIA, H_PAD_TO, H_STEP, H_TABLE, H_VOCAB_START,
-                     HEADER_WORDS, INT_CODE, LAYOUT_CODE, SOURCE_WORDS)
-from .validate import LAYOUT_SLOT, Checked
+                     F_TEXT_WRAP, FLOAT_CODE, H_B, H_COUNTER, H_DONE, H_FLAGS, H_IDS, H_IDS_DTYPE, H_INDEX,
+                     H_INDEX_DTYPE, H_ITEMS, H_N, H_NUM_MEDIA, H_PAD_TO, H_SCALE, H_STEP, H_TABLE, H_TABLE_DTYPE,
+                     H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS, HEADER_WORDS, INT_CODE, LAYOUT_CODE,
+                     SOURCE_WORDS)
+from ..staging.slots import ROWS
+from .validate import LAYOUT_SLOT, Checked, Config
 
 __all__ = ["BlockWriter", "MAX_ITEM_WORDS"]
 
@@ -32,8 +37,33 @@ class BlockWriter:
     """Writes parameter blocks for a :class:`~slabstage.kernels.launch.Stager` (which holds the ring, the
     device block and the destinations this reads)."""
 
+    def _template(self, config: Config, c: Checked) -> tuple:
+        """``(words, sources read in place, sources copied into the block)``: the words of a block that
+        ``config`` fixes, and where each integer source's words go (``(read position, word, is rows)``;
+        ``(read position, word, element bytes)``)."""
+        values = [0] * (HEADER_WORDS + SOURCE_WORDS * self.num_slots)
+        values[H_DONE], values[H_COUNTER] = self.ring.done_addr, self._counter_addr
+        dtypes, shapes = c.reads[1], c.reads[3]
+        in_place, in_block = [], []
+        for at, k, kind, _, _, elem, host, _ in config.sources:
+            w = HEADER_WORDS + SOURCE_WORDS * k
+            values[w + 1] = INT_CODE[dtypes[at]]
+            (in_block if host else in_place).append((at, w, elem) if host else (at, w, kind == ROWS))
+        if self.dst.slab is not None:
+            width, tw = self.width, shapes[config.table][1]
+            flags = F_SCALE if c.scale is not None else 0
+            if tw < width and c.expand == "repeat":
+                flags |= F_TEXT_TILED if tw % self.block == 0 else F_TEXT_WRAP
+            values[H_FLAGS], values[H_ITEMS] = flags, self._items_at
+            values[H_TABLE_WIDTH], values[H_TABLE_DTYPE] = tw, FLOAT_CODE[dtypes[config.table]]
+            values[H_IDS_DTYPE] = INT_CODE[dtypes[0]]
+            if config.index is not None:
+                values[H_INDEX_DTYPE] = INT_CODE[dtypes[config.index]]
+        config.block = values, tuple(in_place), tuple(in_block)
+        return config.block
+
     def _write(self, c: Checked, own_block: bool) -> None:
-        plan, segments = c.media, c.segments
+        config, plan, segments = c.config, c.media, c.segments
         item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
         seg_words = 0 if segments is None else len(segments)
         if item_words + seg_words > MAX_ITEM_WORDS:
@@ -47,16 +77,17 @@ class BlockWriter:
             with torch.inference_mode(False):
                 own = torch.zeros(self.words_for(c.n), dtype=torch.int64, device=self.dst.device)
             base = own.data_ptr()
-        ns = self.num_slots
-        values = [0] * (HEADER_WORDS + SOURCE_WORDS * ns)
+        template, in_place, in_block = config.block or self._template(config, c)
+        values = template.copy()
         end = 8 * (self._items_at + item_words + seg_words)  # bytes: host inputs follow the item and segment lists
         parts = []  # (byte offset in the block, address, bytes per row, rows, row stride in bytes)
-        host = self.dst.host
-        for s, t in enumerate(c.sources if ns else ()):  # (SOURCE_SLOTS come first in SLOTS)
-            if t is not None:
-                w = HEADER_WORDS + SOURCE_WORDS * s
-                values[w], values[w + 2], end = _place(c.reads[s], host, parts, base, end)
-                values[w + 1] = INT_CODE[c.reads[s][1]]
+        _, dtypes, _, shapes, strides, ptrs = c.reads
+        for at, w, rows in in_place:
+            values[w] = ptrs[at]
+            if rows:
+                values[w + 2] = strides[at][0]
+        for at, w, elem in in_block:
+            values[w], values[w + 2], end = _into_block(shapes[at], strides[at], ptrs[at], elem, parts, base, end)
         if seg_words:  # the mrope slot's source: the segment list after the item list
             w = HEADER_WORDS + SOURCE_WORDS * LAYOUT_SLOT
             values[w:w + 3] = base + 8 * (self._items_at + item_words), LAYOUT_CODE, seg_words // SEGMENT_WORDS
@@ -64,26 +95,22 @@ class BlockWriter:
             end = self._embed_header(values, c, parts, base, end)
         words = -(-end // 8)
         if own_block:
-            step, at, done, counter = 0, 0, self.ring.spare_done_addr, self._spare_addr
+            step, at = 0, 0
+            values[H_DONE], values[H_COUNTER] = self.ring.spare_done_addr, self._spare_addr
             block = torch.zeros(words, dtype=torch.int64, device="cpu", pin_memory=True)
             self._kept.append((block, own))
             mv = memoryview((c_char * (8 * words)).from_address(block.data_ptr())).cast("B")
-            array, start = block.numpy(), block.data_ptr()
-            array[HEADER_WORDS + SOURCE_WORDS * ns:self._items_at] = self._dest
+            start = block.data_ptr()
+            block.numpy()[HEADER_WORDS + SOURCE_WORDS * self.num_slots:self._items_at] = self._dest
         else:
             step, at = self.ring.take()
-            done, counter, mv, array = self.ring.done_addr, self._counter_addr, self._mv, self.ring.words
-            start = self.ring.base + 8 * at
-        values[H_STEP:H_VOCAB_START] = step, done, counter, words, c.n, c.b
-        values[H_PAD_TO] = c.pad_to
+            mv, start = self._mv, self.ring.base + 8 * at
+        values[H_STEP], values[H_WORDS], values[H_N], values[H_B], values[H_PAD_TO] = step, words, c.n, c.b, c.pad_to
         self._dynamic.pack_into(mv, 8 * at, *values)
         if plan is not None:
-            i = at + self._items_at
-            array[i:i + len(plan.starts)] = plan.starts
-            array[i + len(plan.starts):i + item_words] = plan.fields
+            _words(item_words).pack_into(mv, 8 * (at + self._items_at), *plan.starts, *plan.fields)
         if seg_words:
-            i = at + self._items_at + item_words
-            array[i:i + seg_words] = segments
+            _words(seg_words).pack_into(mv, 8 * (at + self._items_at + item_words), *segments)
         for off, addr, row, rows, stride in parts:  # host inputs, row by row (mrope rows may lie apart)
             for r in range(rows):
                 memmove(start + off + r * row, addr + r * stride, row)
@@ -95,46 +122,60 @@ class BlockWriter:
             self._pending = (step, at, words)
 
     def _embed_header(self, values: list, c: Checked, parts: list, base: int, end: int) -> int:
-        width, plan = self.dst.slab.shape[1], c.media
-        _, tdtype, _, _, (_, tw), (s0, _), tptr = c.table_read
-        flags = F_SCALE if c.scale is not None else 0
-        if tw < width and c.expand == "repeat":
-            flags |= F_TEXT_TILED if tw % self.block == 0 else F_TEXT_WRAP
+        config, plan = c.config, c.media
+        _, dtypes, _, shapes, strides, ptrs = c.reads
+        t = config.table
+        tptr, s0, tw = ptrs[t], strides[t][0], shapes[t][1]
+        flags = values[H_FLAGS]
         if not (tptr & 15 or (s0 | tw) & 7 or flags & F_TEXT_WRAP):
             flags |= F_TEXT_VEC
         if self.num_slots:  # the embeddings read the ids where the integer half reads them
             ids_addr = values[HEADER_WORDS]
+        elif config.host_ids:
+            ids_addr, _, end = _into_block(shapes[0], strides[0], ptrs[0], 8 if dtypes[0] == torch.int64 else 4,
+                                           parts, base, end)
         else:
-            ids_addr, _, end = _place(c.ids_read, self.dst.host, parts, base, end)
-        index_addr = 0
-        if c.index is not None:
-            index_addr, _, end = _place(c.index_read, self.dst.host, parts, base, end)
-        values[H_VOCAB_START:H_FLAGS] = (*c.bounds, _f32_bits(c.scale) if c.scale is not None else 0)
-        values[H_TABLE:H_NUM_MEDIA] = (tptr, s0, tw, FLOAT_CODE[tdtype], ids_addr, INT_CODE[c.ids_read[1]],
-                                       index_addr, INT_CODE[c.index_read[1]] if c.index is not None else 0)
+            ids_addr = ptrs[0]
+        i = config.index
+        if i is not None:
+            if config.host_index:
+                values[H_INDEX], _, end = _into_block(shapes[i], strides[i], ptrs[i],
+                                                      8 if dtypes[i] == torch.int64 else 4, parts, base, end)
+            else:
+                values[H_INDEX] = ptrs[i]
+        values[H_VOCAB_START:H_SCALE] = c.bounds
+        if c.scale is not None:
+            values[H_SCALE] = _f32_bits(c.scale)
+        values[H_TABLE], values[H_TABLE_STRIDE], values[H_IDS] = tptr, s0, ids_addr
         if plan is not None:
             if c.media_owner:
                 flags |= F_MEDIA
             mw = plan.width
-            if mw < width and c.expand == "repeat":
+            if mw < self.width and c.expand == "repeat":
                 flags |= F_MEDIA_TILED if mw % self.block == 0 else F_MEDIA_WRAP
             if plan.vec and not flags & F_MEDIA_WRAP:
                 flags |= F_MEDIA_VEC
             values[H_NUM_MEDIA:H_ITEMS] = (plan.rows, len(plan.starts), plan.blocks, FLOAT_CODE[plan.dtype], mw)
         values[H_FLAGS] = flags
-        values[H_ITEMS] = self._items_at
         return end
 
 
-def _place(read, host: bool, parts: list, base: int, end: int) -> tuple[int, int, int]:
-    """``(device address, row stride, new end)`` of an integer input: in place on the device, or, a host
-    input next to CUDA destinations, in the block at byte ``end`` (rows end to end, 16-byte aligned)."""
-    _, dtype, device, _, shape, stride, ptr = read
-    if host and device < 0:
-        at = (end + 15) & ~15
-        elem = 4 if dtype == torch.int32 else 8
-        row = shape[-1] * elem
-        rows = shape[0] if len(shape) == 2 else 1
-        parts.append((at, ptr, row, rows, (stride[0] if len(shape) == 2 else 0) * elem))
-        return base + at, shape[-1], at + rows * row
-    return ptr, (stride[0] if len(shape) == 2 else 0), end
+_STRUCTS: dict = {}
+
+
+def _words(count: int) -> struct.Struct:
+    """The packer of ``count`` int64 words (one a length: item lists come in few lengths)."""
+    packer = _STRUCTS.get(count)
+    if packer is None:
+        packer = _STRUCTS[count] = struct.Struct(f"<{count}q")
+    return packer
+
+
+def _into_block(shape, stride, ptr: int, elem: int, parts: list, base: int, end: int) -> tuple[int, int, int]:
+    """``(device address, row stride, new end)`` of a host integer input copied into the block at byte ``end``
+    (rows end to end, 16-byte aligned)."""
+    at = (end + 15) & ~15
+    row = shape[-1] * elem
+    rows = shape[0] if len(shape) == 2 else 1
+    parts.append((at, ptr, row, rows, (stride[0] if len(shape) == 2 else 0) * elem))
+    return base + at, shape[-1], at + rows * row

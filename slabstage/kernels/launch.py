@@ -29,7 +29,7 @@ from .params import DEST_WORDS, HEADER_WORDS, INT_CODE, SOURCE_WORDS, PinnedRing
 from .reference import stage_reference
 from .runtime import launch_lock, next_pow2, use_triton
 from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, launch_settings, stage_kernel
-from .validate import Checked, check_batch
+from .validate import DEFAULTS, Checked, check_batch
 
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream"]
 
@@ -76,6 +76,7 @@ class Stager(BlockWriter):
                                                           None if slab is None else slab.element_size(),
                                                           self.num_slots, req)
         self.block, self.cols = self.constexprs["BLOCK"], self.constexprs["COL_BLOCKS"]
+        self.width = 0 if slab is None else slab.shape[1]  # (the slab's width: every slab a stager serves has it)
         self._items_at = HEADER_WORDS + (SOURCE_WORDS + DEST_WORDS) * self.num_slots
         # words of host integer inputs in a block (dst.host: they travel in it): per token, and fixed
         self._host_per_token = sum(spec.rows for spec, t in zip(SOURCE_SLOTS, dst.slots) if t is not None
@@ -291,6 +292,8 @@ class Stager(BlockWriter):
 class Inputs:
     """A batch as keyword arguments, named as :class:`~slabstage.PrefillBatch` names its fields (a field not
     given takes PrefillBatch's default)."""
+
+    locals().update(DEFAULTS)
 
     def __init__(self, **fields) -> None:
         self.__dict__.update(fields)

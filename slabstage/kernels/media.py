@@ -13,8 +13,10 @@ kernel reads them through their mapped address); an empty item is never read.
 from __future__ import annotations
 
 from functools import reduce
-from itertools import accumulate, repeat
-from operator import add, attrgetter, or_, sub
+from itertools import accumulate, chain, repeat
+from operator import add, attrgetter, mul, or_, sub
+
+from typing import NamedTuple
 
 import torch
 
@@ -22,26 +24,27 @@ from ..checks import FLOAT_DTYPES, check_tensor
 from ..staging.width import WidthContractError, check_media_width
 from .params import FLOAT_BYTES
 
-__all__ = ["MediaPlan", "describe_media"]
+__all__ = ["MediaPlan", "describe_media", "one_tensor_plan"]
 
 _T = torch.Tensor
 _data_ptr, _stride, _size, _device, _is_cpu = _T.data_ptr, _T.stride, _T.size, _T.get_device, _T.is_cpu.__get__
+_dense = _T.is_contiguous
 _dtype = attrgetter("dtype")
 
 
-class MediaPlan:
+class MediaPlan(NamedTuple):
     """Media checked and laid out for the kernel (see the module docstring)."""
 
-    __slots__ = ("media", "rows", "width", "dtype", "starts", "fields", "blocks", "vec", "lows", "highs")
-
-    def __init__(self, media, rows, width, dtype, starts, fields, blocks, vec, lows, highs):
-        self.media = media  # the items as given: tensors, or tuples of column blocks
-        self.rows, self.width, self.dtype = rows, width, dtype
-        self.starts = starts  # first media row of each item
-        self.fields = fields  # (address, row stride, first column, end column) per item and block
-        self.blocks = blocks  # column blocks per item in ``fields`` (an item with fewer is padded)
-        self.vec = vec  # every address, row stride and block column in whole 16-byte vectors
-        self.lows, self.highs = lows, highs  # the bytes every block read spans (a block with rows and columns)
+    media: tuple | list  # the items as given: tensors, or tuples of column blocks
+    rows: int
+    width: int
+    dtype: torch.dtype
+    starts: list  # first media row of each item
+    fields: list  # (address, row stride, first column, end column) per item and block
+    blocks: int  # column blocks per item in ``fields`` (an item with fewer is padded)
+    vec: bool  # every address, row stride and block column in whole 16-byte vectors
+    lows: list  # the bytes every block read spans (a block with rows and columns): first,
+    highs: list  # and end
 
     @property
     def items(self) -> tuple:
@@ -58,46 +61,45 @@ class MediaPlan:
                     k += 1
 
 
-def describe_media(media, device: torch.device, slab_width: int, text_width: int, expand: str,
-                   read=None) -> MediaPlan | None:
+def describe_media(media, device: torch.device, slab_width: int, text_width: int, expand: str) -> MediaPlan | None:
     """Check ``media`` (None, one 2-D tensor, or a sequence of items) and lay it out for the kernel.
 
-    ``read``: for one tensor whose configuration (kind, dtype, device, rank, width) was checked, what
-    :func:`~slabstage.kernels.validate.check_batch` read of it. Raises ``TypeError``/``ValueError``
-    naming the item and block that breaks a rule, and :class:`WidthContractError` for widths (see
-    :func:`check_media_width`).
+    Raises ``TypeError``/``ValueError`` naming the item and block that breaks a rule, and
+    :class:`WidthContractError` for widths (see :func:`check_media_width`).
     """
     if media is None:
         return None
-    if read is not None:  # one tensor: the per-batch part of its checks, from what was read
-        (rows, width), (s0, s1), ptr = read[4], read[5], read[6]
-        if s1 != 1 and width > 1 and rows:
-            check_tensor("media", media, dims=2)  # "... must be contiguous along its last axis"
-        elem = FLOAT_BYTES[read[1]]
-        vec = not (ptr & 15) and not ((width | (s0 if rows > 1 else 0)) & 7)
-        lows, highs = ([ptr], [ptr + ((rows - 1) * s0 + width) * elem]) if rows and width else ([], [])
-        return MediaPlan((media,), rows, width, read[1], [0], [ptr if rows else 0, s0, 0, width], 1, vec,
-                         lows, highs)
     if isinstance(media, torch.Tensor):
         check_tensor("media", media, dtypes=FLOAT_DTYPES, device=device, dims=2)
         check_media_width("media", media.shape[1], slab_width, text_width, expand)
-        return _plan((media,), [media], device, slab_width, text_width)
+        return _plan((media,), [media], None, device, slab_width, text_width)
     if type(media) not in (list, tuple):
         raise TypeError(f"media must be a 2-D tensor or a list of items (tensors or tuples of column blocks), "
                         f"got {type(media).__name__}")
     if not media:
         raise ValueError("media is an empty list: pass None when the batch has no media")
-    blocks = media
-    if set(map(type, media)) != {torch.Tensor}:  # items of column blocks, or not all plain tensors
+    kinds = set(map(type, media))
+    if kinds == {torch.Tensor}:  # items of one block each
+        blocks, lens = media, None
+    elif kinds == {tuple}:  # items of column blocks
+        blocks, lens = list(chain.from_iterable(media)), list(map(len, media))
+    else:
         items = _items(media)
-        blocks = [t for item in items for t in item]
-        if set(map(type, blocks)) != {torch.Tensor}:  # parameters, subclasses, non-tensors: each one looked at
-            for i, item in enumerate(items):
-                for j, t in enumerate(item):
-                    _check_block(_name(i, item, j), t)
-    plan = _plan(media, blocks, device, slab_width, text_width)
+        blocks, lens = [t for item in items for t in item], list(map(len, items))
+    plan = _plan(media, blocks, lens, device, slab_width, text_width)
     check_media_width("media item 0", plan.width, slab_width, text_width, expand)
     return plan
+
+
+def one_tensor_plan(media: torch.Tensor, shape, stride, ptr: int, dtype: torch.dtype) -> MediaPlan:
+    """The plan of one media tensor whose configuration (kind, dtype, device, rank, width) was checked, from
+    what :func:`~slabstage.kernels.validate.check_batch` read of it."""
+    (rows, width), (s0, s1) = shape, stride
+    if s1 != 1 and width > 1 and rows:
+        check_tensor("media", media, dims=2)  # "... must be contiguous along its last axis"
+    vec = not (ptr & 15) and not ((width | (s0 if rows > 1 else 0)) & 7)
+    lows, highs = ([ptr], [ptr + ((rows - 1) * s0 + width) * FLOAT_BYTES[dtype]]) if rows and width else ([], [])
+    return MediaPlan((media,), rows, width, dtype, [0], [ptr if rows else 0, s0, 0, width], 1, vec, lows, highs)
 
 
 def _items(media) -> tuple:
@@ -114,15 +116,16 @@ def _check_block(name: str, t) -> None:
     check_tensor(name, t, dtypes=FLOAT_DTYPES, dims=2)
 
 
-def _plan(media, blocks, device: torch.device, slab_width: int, text_width: int) -> MediaPlan:
-    """The plan of items ``media`` (``blocks``: their column blocks in order) from one read of every block, worked
-    out a column of the batch at a time in C-level loops (the host time of many new items is their reads);
-    any rule broken: the item-by-item check names it."""
+def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: int, text_width: int) -> MediaPlan:
+    """The plan of items ``media`` (``blocks``: their column blocks in order; ``lens``: each item's blocks, None
+    when each is one tensor) from one read of every block, worked out a column of the batch at a time in
+    C-level loops (the host time of many new items is their reads); any rule broken: the item-by-item check
+    names it."""
     def explain():
         _explain(_items(media), device, slab_width, text_width)
 
-    try:
-        ptrs, shapes, strides = list(map(_data_ptr, blocks)), list(map(_size, blocks)), list(map(_stride, blocks))
+    try:  # (a contiguous block's row stride is its width: its strides are read only when it is not)
+        ptrs, shapes, dense = list(map(_data_ptr, blocks)), list(map(_size, blocks)), list(map(_dense, blocks))
         dtypes, devices = set(map(_dtype, blocks)), set(map(_device, blocks))
     except (RuntimeError, TypeError, AttributeError):  # sparse, mkldnn, nested tensors have no strides or data
         explain()
@@ -133,20 +136,21 @@ def _plan(media, blocks, device: torch.device, slab_width: int, text_width: int)
     if elem is None:
         explain()
     rs, ws = zip(*shapes)
-    s0s, s1s = zip(*strides)
+    if False in dense:
+        s0s, s1s = zip(*map(_stride, blocks))
+        if any(s1 != 1 and w > 1 and r for r, w, s1 in zip(rs, ws, s1s)):
+            explain()  # rows must be contiguous
+    else:
+        s0s = ws
     on_cuda = device.type == "cuda"
     dev = (device.index if device.index is not None else torch.cuda.current_device()) if on_cuda else -1
-    if devices != {dev} or not (on_cuda or all(map(_is_cpu, blocks))):  # (-1 is meta too: ask is_cpu)
+    if devices != {dev} or (not on_cuda and 0 in ptrs and not all(map(_is_cpu, blocks))):  # (-1 is meta too)
         for t, r in zip(blocks, rs):  # an empty block is never read; a pinned host item is read in place
             if r and (t.get_device() != dev or not (on_cuda or t.is_cpu)) and not (on_cuda and t.is_cpu and
                                                                                   t.is_pinned()):
                 explain()
-    if s1s.count(1) != len(s1s) and any(s1 != 1 and w > 1 and r for r, w, s1 in zip(rs, ws, s1s)):
-        explain()  # rows must be contiguous
-    n, k = len(media), 1
-    if n != len(blocks):
-        lens = [len(m) if type(m) is tuple else 1 for m in media]
-        k = max(lens)
+    n, k = len(media), 1 if lens is None else max(lens)
+    if k > 1 or (lens is not None and 0 in lens):
         if 0 in lens:
             explain()  # an item with no block
         if lens.count(k) != n:  # items of fewer blocks: padded with empty ones
@@ -158,12 +162,19 @@ def _plan(media, blocks, device: torch.device, slab_width: int, text_width: int)
     for j in range(1, k):
         if rs[j::k] != item_rows:
             explain()  # the blocks of an item share their rows
-    ends = list(accumulate(ws)) if k > 1 else ws  # an item's columns: its blocks side by side
-    width = ends[k - 1] if ends else 0
-    if (ends[k - 1::k] != [width * (i + 1) for i in range(n)]) if k > 1 else ws.count(width) != n:
-        explain()  # items share one row width
-    if k > 1:  # (each item's from 0; items of the same blocks share them)
-        ends = list(accumulate(ws[:k])) * n if ws == ws[:k] * n else [e - width * (i // k) for i, e in enumerate(ends)]
+    if k == 1:
+        width, ends = ws[0], ws
+        if ws.count(width) != n:
+            explain()  # items share one row width
+    elif ws == ws[:k] * n:  # every item of the same blocks: their columns once
+        ends = list(accumulate(ws[:k]))
+        width, ends = ends[-1], ends * n
+    else:  # an item's columns: its blocks side by side, each item's from 0
+        ends = list(accumulate(ws))
+        width = ends[k - 1]
+        if ends[k - 1::k] != list(range(width, width * (n + 1), width)):
+            explain()  # items share one row width
+        ends = [e - width * (i // k) for i, e in enumerate(ends)]
     if 0 in rs:
         ptrs = [p if r else 0 for p, r in zip(ptrs, rs)]
     fields = [0] * (4 * len(ptrs))
@@ -171,14 +182,15 @@ def _plan(media, blocks, device: torch.device, slab_width: int, text_width: int)
     if 0 in rs or 0 in ws:  # the bytes each block with rows and columns reads, for the overlap checks
         spans = [(p, p + ((r - 1) * s + w) * elem) for p, r, w, s in zip(ptrs, rs, ws, s0s) if r and w]
         lows, highs = (list(x) for x in zip(*spans)) if spans else ([], [])
-    elif rs.count(rs[0]) == len(rs) and ws.count(ws[0]) == len(ws) and s0s.count(s0s[0]) == len(s0s):
-        lows, highs = ptrs, list(map(add, ptrs, repeat(((rs[0] - 1) * s0s[0] + ws[0]) * elem)))  # blocks alike
+    elif s0s is ws and ws.count(ws[0]) == len(ws):  # contiguous blocks of one width: rows x width bytes
+        lows, highs = ptrs, list(map(add, ptrs, map(mul, rs, repeat(ws[0] * elem))))
     else:
-        lows, highs = ptrs, [p + ((r - 1) * s + w) * elem for p, r, w, s in zip(ptrs, rs, ws, s0s)]
+        lows, highs = ptrs, list(map(add, ptrs, map(mul, map(add, map(mul, map(sub, rs, repeat(1)), s0s), ws),
+                                                    repeat(elem))))
     starts = list(accumulate(item_rows, initial=0))
     rows = starts.pop()
-    align = reduce(or_, ptrs, 0) & 15 or reduce(or_, ws, width) & 7
-    if not align:  # (the row stride of an item of one row is never used)
+    align = reduce(or_, ptrs, 0) & 15 or (reduce(or_, ws, width) if k > 1 else width) & 7
+    if not align and s0s is not ws:  # (the row stride of an item of one row is never used)
         align = reduce(or_, s0s if min(rs) > 1 else (s for s, r in zip(s0s, rs) if r > 1), 0) & 7
     return MediaPlan(media, rows, width, dtype, starts, fields, k, not align, lows, highs)
 

@@ -96,7 +96,7 @@ class PinnedRing:
         self.base = self.tensor.data_ptr()
         self.done_addr = self.done.data_ptr()
         self.spare_done_addr = self.done_addr + 8  # where a launch outside the ring reports
-        self._done = self.done.numpy()
+        self._done = memoryview(self.done.numpy())  # (a Python int a read: cheaper than numpy's scalars)
         self.step = 0
 
     def take(self) -> tuple[int, int]:

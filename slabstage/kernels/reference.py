@@ -69,7 +69,7 @@ def _embeddings(slab: torch.Tensor, c, errors: torch.Tensor) -> None:
     media = media_rows(c.media)
     if media is not None:
         media = media.to(slab.device)
-    mi = c.index.long() if c.index is not None else torch.full_like(ids, -1)
+    mi = c.media_index.long() if c.media_index is not None else torch.full_like(ids, -1)
     num_media = media.shape[0] if media is not None else 0
     is_media = mi >= 0
     bad_id = ~is_media & ((ids < 0) | (ids >= vocab_size))

@@ -1,26 +1,28 @@
 """The one validation of a staging batch, for every path (graph, eager, the ops, the custom ops).
 
-Two halves, one function each:
+Two halves:
 
-- :class:`~slabstage.kernels.destinations.Destinations` checks what a stager writes (the slab, every integer slot,
-  the error word) once per set of destinations;
-- :func:`check_batch` checks a batch against them. What a *configuration* fixes
-  (each input's kind, dtype, device and rank, the table's and the media tensor's
-  width, ``expand``, ``media_owner``, which inputs are given; values compared by
-  type and value, so ``1`` is not ``True``) is checked the first time the
-  configuration is seen and remembered; what can change (lengths, ``pad_to``,
-  bounds, ``text_scale``, the media items, addresses and storage overlap) on
-  every batch.
+- :class:`~slabstage.kernels.destinations.Destinations` checks what a stager writes (the slab, every integer
+  slot, the error word) once per set of destinations;
+- :func:`check_batch` checks a batch against them. What a *configuration* fixes (which fields hold
+  tensors, each one's dtype, device and rank, the table's and the media tensor's width, ``expand``,
+  ``media_owner``; values compared by type and value, so ``1`` is not ``True``) is checked the first time
+  the configuration is seen and kept as a :class:`Config`; what can change (lengths, strides, ``pad_to``,
+  bounds, ``text_scale``, the media items, the mrope layouts, addresses and storage overlap) on every batch.
 
-Every check runs before anything is written; each error names what was wrong and
-what was expected, through :mod:`slabstage.checks`.
+Each tensor is read once a batch, a column of the batch at a time (every dtype, then every device, ...):
+the reads are most of a batch's host time. Every check runs before anything is written; each error names
+what was wrong and what was expected, through :mod:`slabstage.checks` (a compare that fails hands the
+input to the helper that names the problem).
 """
 
 from __future__ import annotations
 
 import math
 from itertools import chain
-from operator import itemgetter
+from operator import attrgetter, itemgetter
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 
@@ -29,135 +31,148 @@ from ..checks import (FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_bool, check_cho
 from ..staging.slots import REQUESTS, ROWS, SOURCE_SLOTS
 from ..staging.width import check_source_width
 from .destinations import INT_BITS, Destinations
-from .media import MediaPlan, describe_media
+from .media import MediaPlan, describe_media, one_tensor_plan
 from .mrope import check_layouts, mrope_segments
 
-__all__ = ["Checked", "check_batch", "check_sources", "vocab_bounds", "LAYOUT_SLOT"]
+__all__ = ["Checked", "Config", "check_batch", "check_sources", "FIELDS", "DEFAULTS", "LAYOUT_SLOT"]
 
-class Checked:
-    """A batch that passed :func:`check_batch`: what the parameter block and the reference are built from.
+SOURCES = tuple(spec.name for spec in SOURCE_SLOTS)
+# a batch's fields (PrefillBatch's), and the defaults of those a caller may leave out
+DEFAULTS = dict.fromkeys(SOURCES) | dict(table=None, media=None, media_index=None, expand="zeros", text_scale=None,
+                                         vocab_range=None, vocab_size=None, media_owner=True)
+FIELDS = tuple(DEFAULTS)
+TABLE, MEDIA, INDEX, EXPAND, SCALE, RANGE, SIZE, OWNER = range(len(SOURCES), len(FIELDS))
+LAYOUT_SLOT = SOURCES.index("mrope_positions")  # the slot whose source may be layouts (slabstage.MropeLayout)
+_fields = attrgetter(*FIELDS)
+_T = torch.Tensor
+_dtype, _device, _size, _stride, _ptr = attrgetter("dtype"), _T.get_device, _T.size, _T.stride, _T.data_ptr
+_ELEM = {torch.int32: 4, torch.int64: 8, torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
+_UNREADABLE = (RuntimeError, TypeError, AttributeError, NotImplementedError, ValueError)  # sparse, nested, ...
 
-    ``sources``: per :data:`~slabstage.staging.slots.SOURCE_SLOTS` row, the tensor to copy (None: not
-    given, or a slot the stager does not write); ``reads``: per source, ``(dtype, address, row stride,
-    bytes per row, rows)`` as read once for the checks.
+
+class Config:
+    """What one configuration fixes, checked once: what the per-batch checks and the block writer read.
+
+    ``sources``: per integer source given that a slot takes, ``(read position, slot, kind, rows, name, element
+    bytes, whether it travels in the block, the slot's dtype when its host values must be checked)``;
+    ``table``, ``media``, ``index``: read positions (None: absent, or media as a list of items); ``host_ids``
+    and ``host_index``: those travel in the block; ``block``: the block writer's template (made on first use).
     """
 
-    __slots__ = ("n", "b", "pad_to", "ids", "sources", "reads", "table", "bounds", "scale", "media", "index",
-                 "expand", "media_owner", "ids_read", "index_read", "table_read", "segments")
+    __slots__ = ("sources", "table", "media", "index", "host_ids", "host_index", "block")
 
-    def __init__(self, n, b, pad_to, ids, sources, reads, table=None, bounds=None, scale=None, media=None,
-                 index=None, expand="zeros", media_owner=True, reads3=(None, None, None), segments=None):
-        self.n, self.b, self.pad_to, self.ids, self.sources, self.reads = n, b, pad_to, ids, sources, reads
-        self.table, self.bounds, self.scale = table, bounds, scale
-        self.media: MediaPlan | None = media
-        self.index, self.expand, self.media_owner = index, expand, media_owner
-        self.ids_read, self.index_read, self.table_read = reads3  # what check_batch read of each
-        self.segments = segments  # mrope positions given as layouts: their segment list (the source None)
-
-
-_NAMES = tuple(spec.name for spec in SOURCE_SLOTS)
-LAYOUT_SLOT = _NAMES.index("mrope_positions")  # the slot whose source may be layouts (slabstage.MropeLayout)
-_KINDS = tuple((spec.kind, spec.rows) for spec in SOURCE_SLOTS)
-_ELEM = {torch.int32: 4, torch.int64: 8, torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
-_NONE = (None,) * 7
-_CONF = itemgetter(0, 1, 2, 3)  # of a read: what a configuration fixes (kind, dtype, device, rank)
+    def __init__(self, dst, at: dict, devices: tuple, dtypes: tuple) -> None:
+        host = dst.host
+        self.sources = tuple(
+            (at[k], k, spec.kind, spec.rows, spec.name, _ELEM[dtypes[at[k]]], host and devices[at[k]] < 0,
+             dst.slots[k].dtype if devices[at[k]] < 0 and dst.bits[k] < INT_BITS[dtypes[at[k]]] else None)
+            for k, spec in enumerate(SOURCE_SLOTS) if k in at and dst.slots[k] is not None)
+        self.table, self.media, self.index = at.get(TABLE), at.get(MEDIA), at.get(INDEX)
+        self.host_ids = host and devices[0] < 0
+        self.host_index = self.index is not None and host and devices[self.index] < 0
+        self.block = None
 
 
-def _read(t):
-    """One read of what the checks and the parameter block need of an input: ``(type, dtype, device index
-    (-1: the host; -2: no data, the meta device), rank, shape, stride, address)``."""
-    if t is None:
-        return _NONE
-    shape, ptr, device = t.shape, t.data_ptr(), t.get_device()
-    if device < 0 and not ptr and 0 not in shape:
-        device = -2
-    return type(t), t.dtype, device, len(shape), shape, t.stride(), ptr
+class Checked(NamedTuple):
+    """A batch that passed :func:`check_batch`: what the parameter block and the reference are built from.
+
+    ``fields``: the batch's fields in :data:`FIELDS` order (layouts taken out); ``reads``: ``(tensors,
+    dtypes, device indices, shapes, strides, addresses)`` of its tensors (``config`` says which is which);
+    ``scale``: ``text_scale`` as a float; ``media``: the media's plan; ``segments``: the mrope layouts'
+    segment list.
+    """
+
+    config: Config
+    n: int
+    b: int
+    pad_to: int
+    fields: tuple
+    reads: tuple
+    bounds: tuple | None = None
+    scale: float | None = None
+    media: MediaPlan | None = None
+    segments: list | None = None
+
+    ids = property(lambda self: self.fields[0])
+    table = property(lambda self: self.fields[TABLE])
+    media_index = property(lambda self: self.fields[INDEX])
+    expand = property(lambda self: self.fields[EXPAND])
+    media_owner = property(lambda self: self.fields[OWNER])
+
+    @property
+    def sources(self) -> list:
+        """Per :data:`~slabstage.staging.slots.SOURCE_SLOTS` row the tensor to copy (None: not given, or a slot
+        the stager does not write)."""
+        out = [None] * len(SOURCES)
+        for s in self.config.sources:
+            out[s[1]] = self.fields[s[1]]
+        return out
 
 
-def _take_layouts(given: list):
-    """The mrope layouts among the sources ``given`` (None: none), taken out of them: the tensor checks pass
-    them by, :func:`~slabstage.kernels.mrope.mrope_segments` checks them."""
-    layouts = given[LAYOUT_SLOT]
-    if layouts is None or isinstance(layouts, torch.Tensor):
-        return None
-    given[LAYOUT_SLOT] = None
-    return layouts
+class _Form:
+    """Which fields of a batch hold tensors, from their types alone: the positions of their reads."""
+
+    __slots__ = ("pick", "at", "table", "media", "configs")
+
+    def __init__(self, types: tuple, embed: bool) -> None:
+        tensors = [j for j in range(len(SOURCES) + 3) if issubclass(types[j], _T) and (embed or j < len(SOURCES))]
+        self.at = {j: p for p, j in enumerate(tensors)}
+        picked = itemgetter(*tensors) if tensors else (lambda vals: ())
+        self.pick = picked if len(tensors) != 1 else (lambda vals: (picked(vals),))
+        self.table, self.media = self.at.get(TABLE), self.at.get(MEDIA)  # (their widths are configuration)
+        self.configs: dict = {}
 
 
-def _configuration(reads, tread, iread, media, mread, expand, owner, scale) -> tuple:
-    """What a batch's configuration is, from what was read of its inputs (the key of the checks it decides)."""
-    return (tuple(map(_CONF, reads)), _CONF(tread), tread[4] and tread[4][-1:], _CONF(iread), type(media),
-            _CONF(mread), mread[4] and mread[4][-1:], type(expand), expand if type(expand) is str else id(expand),
-            type(owner), owner if type(owner) is bool else id(owner), type(scale))
+def _read(ts: tuple) -> tuple:
+    """``(tensors, dtypes, devices, shapes, strides, addresses)``, a column at a time."""
+    return (ts, tuple(map(_dtype, ts)), tuple(map(_device, ts)), tuple(map(_size, ts)), tuple(map(_stride, ts)),
+            tuple(map(_ptr, ts)))
 
 
-def _reads(given: list, table, index, media) -> tuple:
-    """``(reads, table read, index read, media read)``: one :func:`_read` of each input."""
-    reads = [_read(t) if t is not None else _NONE for t in given]
-    return reads, _read(table), _read(index), _read(media) if type(media) is torch.Tensor else _NONE
-
-
-_SOURCE_CONFIGS: dict = {}  # configurations check_sources has passed (a few per engine)
-
-
-def check_sources(src, what: str = "PrefillBatch") -> None:
-    """What a batch must satisfy on its own, with no destinations to check it against (a
-    :class:`~slabstage.PrefillBatch` when it is made): the checks of :func:`check_batch` that need none
-    (what a configuration decides once per configuration, as there)."""
-    given = [getattr(src, name, None) for name in _NAMES]
-    layouts = _take_layouts(given)
-    media, expand = src.media, src.expand
+def _config_of(dst: Destinations | None, vals: tuple, forms: dict, embed: bool):
+    """``(Config or None, reads)`` for the batch ``vals``: its configuration looked up, or checked and kept
+    (``dst`` None: the checks that need no destinations, :func:`check_sources`); raises when it is refused."""
+    types = tuple(map(type, vals))
+    form = forms.get(types)
+    if form is None:
+        form = forms[types] = _Form(types, embed)
     try:
-        reads, tread, iread, mread = _reads(given, src.table, src.media_index, media)
-        key = _configuration(reads, tread, iread, media, mread, expand, True, None)
-        known = key in _SOURCE_CONFIGS
-    except (AttributeError, TypeError, RuntimeError, IndexError):  # not a tensor, or one with no data or shape
-        key, known = None, False
-    if not known:
-        _check_kinds(given, None, True, True, True, src.table, media, src.media_index, expand)
-        reads = _reads(given, None, None, None)[0]
-        if key is not None:
-            if len(_SOURCE_CONFIGS) >= 256:
-                _SOURCE_CONFIGS.clear()
-            _SOURCE_CONFIGS[key] = True
-    _check_lengths(given, reads, (True,) * len(given), reads[0][4][0])
-    if layouts is not None:
-        check_layouts(layouts)  # (their values are checked where they are staged, with the rest of the batch)
-    _check_index(src.media, src.media_index, reads[0][4][0], f"{what}.media was given without media_index")
+        reads = _read(form.pick(vals))
+        shapes = reads[3]
+        key = (*reads[1], *reads[2], *map(len, shapes), form.table is not None and shapes[form.table][-1:],
+               form.media is not None and shapes[form.media][-1:], vals[EXPAND], vals[OWNER])
+        config = form.configs.get(key)
+        if config is not None and 0 not in reads[5]:
+            return config, reads
+    except _UNREADABLE:  # not a tensor one can read, or an unhashable look-alike of a switch
+        key = reads = None
+    _check_configuration(dst, vals, embed)  # (raises for anything refused)
+    if reads is None:  # pragma: no cover - the check above names whatever could not be read
+        raise TypeError("slabstage: an input could not be read but no rule names why")
+    config = Config(dst if dst is not None else _ANYWHERE, form.at, reads[2], reads[1])
+    if key is not None and 0 not in reads[5]:  # (a tensor with no data is looked at every time: meta, empty)
+        if len(form.configs) >= 64:
+            form.configs.clear()
+        form.configs[key] = config
+    return config, reads
 
 
 def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
-    """Check the batch ``src`` (an object with :class:`~slabstage.PrefillBatch`'s fields; the fields
-    ``dst`` does not write may be absent) against ``dst``; raise before anything is written.
-    ``configs``: the configurations checked so far for destinations like ``dst`` (kept by the caller).
-
-    Runs on every batch: each input is read once (:func:`_read`) and everything else is worked out from
-    what was read, so each check is a compare or two."""
+    """Check the batch ``src`` (an object with :class:`~slabstage.PrefillBatch`'s fields; a field it lacks takes
+    the default in :data:`DEFAULTS`) against ``dst``; raise before anything is written. ``configs``: the
+    configurations checked so far for ``dst``'s stager (kept by the caller)."""
     embed = dst.slab is not None
-    fields = src.__dict__.get
-    given = list(map(fields, _NAMES))
-    layouts = _take_layouts(given)  # (checked below, every batch: they are values)
-    if embed:
-        table, media, index = fields("table"), fields("media"), fields("media_index")
-        expand, owner, scale = fields("expand", "zeros"), fields("media_owner", True), fields("text_scale")
+    vals = _fields(src)
+    layouts = vals[LAYOUT_SLOT]
+    if layouts is not None and type(layouts) is not _T:  # mrope layouts: values, checked below every batch
+        vals = (*vals[:LAYOUT_SLOT], None, *vals[LAYOUT_SLOT + 1:])
     else:
-        table = media = index = scale = None
-        expand, owner = "zeros", True
-    try:
-        reads, tread, iread, mread = _reads(given, table, index, media)
-        key = _configuration(reads, tread, iread, media, mread, expand, owner, scale)
-        present = configs.get(key)  # (what a configuration fixes: which sources the stager takes)
-    except (AttributeError, TypeError, RuntimeError, IndexError):  # not a tensor, or one with no data or shape
-        key = present = None
-    if present is None:
-        _check_configuration(dst, given, table, media, index, expand, owner, scale)
-        present = tuple(k for k, t in enumerate(given) if t is not None and dst.slots[k] is not None)
-        configs[key] = present
-
-    ids = given[0]
-    n = reads[0][4][0]
-    spans = []  # (name, first byte, end byte) of every source read in place, checked against dst at the end
-    sources, b = _check_lengths(given, reads, dst.slots, n, spans, dst, present)
+        layouts = None
+    config, reads = _config_of(dst, vals, configs, embed)
+    _, dtypes, devices, shapes, strides, ptrs = reads
+    n = shapes[0][0]
+    spans = []  # name, first byte, end byte of every source read in place (checked against dst at the end)
+    b = _check_lengths(config.sources, reads, n, spans)
     if b > dst.batch_cap and dst.batch_cap:
         raise ValueError(f"{b} requests exceed max_batch_size={dst.batch_cap}")
     if n > dst.capacity:
@@ -170,12 +185,11 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         if pad_to is None and not any(s is not None for s in dst.slots):
             pad_to = n  # (stage_embeddings' default)
         pad_to = check_int("pad_to", pad_to, lo=n, hi=dst.capacity)
-    if sources[0] is None:  # embeddings alone: the ids are read all the same
-        r = reads[0]
-        if len(r[4]) != 1 or (n > 1 and r[5][0] != 1):
-            check_tensor("input_ids", ids, dims=1)  # names what is wrong
-        if n:
-            spans.append(("input_ids", r[6], r[6] + n * _ELEM[r[1]]))
+    if not config.sources or config.sources[0][1]:  # embeddings alone: the ids are read all the same
+        if n > 1 and strides[0][0] != 1:
+            check_tensor("input_ids", vals[0], dims=1)  # "... must be contiguous along its last axis"
+        if n and not config.host_ids:
+            spans += ("input_ids", ptrs[0], ptrs[0] + n * _ELEM[dtypes[0]])
     segments = None
     if layouts is not None:
         if dst.slots[LAYOUT_SLOT] is None:
@@ -185,81 +199,46 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
             segments = mrope_segments(layouts, n)
     if not embed:
         _clear(dst, spans)
-        return Checked(n, b, pad_to, ids, sources, reads, reads3=(reads[0], None, None), segments=segments)
+        return Checked(config, n, b, pad_to, vals, reads, segments=segments)
 
-    width = dst.slab.shape[1]
-    rows, tw = tread[4]
-    if tread[5][1] != 1 and tw > 1:
-        check_tensor("table", table, dims=2)  # "... must be contiguous along its last axis"
-    plan = describe_media(media, dst.device, width, tw, expand, mread if mread[0] is not None else None)
-    if index is not None:
-        if iread[4] != (n,) or (n > 1 and iread[5][0] != 1):
-            check_tensor("media_index", index, shape=(n,))  # names what is wrong
-        if n and not (dst.host and iread[2] < 0):  # (a host index is copied into the block)
-            spans.append(("media_index", iread[6], iread[6] + n * _ELEM[iread[1]]))
+    t = config.table
+    rows, tw = shapes[t]
+    if tw > 1 and strides[t][1] != 1:
+        check_tensor("table", vals[TABLE], dims=2)  # "... must be contiguous along its last axis"
+    m, media = config.media, vals[MEDIA]
+    if m is not None:
+        plan = one_tensor_plan(media, shapes[m], strides[m], ptrs[m], dtypes[m])
+    else:
+        plan = describe_media(media, dst.device, dst.slab.shape[1], tw, vals[EXPAND])
+    i = config.index
+    if i is not None:
+        if shapes[i] != (n,) or (n > 1 and strides[i][0] != 1):
+            check_tensor("media_index", vals[INDEX], shape=(n,))  # names what is wrong
+        if n and not config.host_index:  # (a host index travels in the block)
+            spans += ("media_index", ptrs[i], ptrs[i] + n * _ELEM[dtypes[i]])
     elif plan is not None:
         raise ValueError("media was given without media_index: say which rows are media rows")
+    scale = vals[SCALE]
     if scale is not None and not (type(scale) is float and math.isfinite(scale)):
         scale = check_real("text_scale", scale)
-    vocab_range, vocab_size = fields("vocab_range"), fields("vocab_size")
-    if vocab_range is None and vocab_size is None and rows <= INT32_MAX:
+    if vals[RANGE] is None and vals[SIZE] is None and rows <= INT32_MAX:
         bounds = (0, rows, rows)
     else:
-        bounds = vocab_bounds(vocab_range, vocab_size, rows)
-    if rows:
-        spans.append(("table", tread[6], tread[6] + ((rows - 1) * tread[5][0] + tw) * _ELEM[tread[1]]))
+        bounds = vocab_bounds(vals[RANGE], vals[SIZE], rows)
+    if rows and tw:
+        spans += ("table", ptrs[t], ptrs[t] + ((rows - 1) * strides[t][0] + tw) * _ELEM[dtypes[t]])
     _clear(dst, spans, plan)
-    return Checked(n, b, pad_to, ids, sources, reads, table, bounds, scale, plan, index, expand, owner,
-                   (reads[0], iread, tread), segments)
+    return Checked(config, n, b, pad_to, vals, reads, bounds, scale, plan, segments)
 
 
-def _check_kinds(given, device, host_ok: bool, slots: bool, embed: bool, table, media, index, expand) -> None:
-    """Each input's kind, dtype, device and rank (``device=None``: any device). ``slots``: the integer
-    slots are written (their required sources must be given; the ids always are); ``embed``: the slab."""
-    for spec, t in zip(SOURCE_SLOTS, given):
-        if t is None and not (spec.required and (slots or spec.name == "input_ids")):
-            continue
-        if spec.kind == ROWS:
-            if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[0] == spec.rows and t.shape[1] == 1:
-                raise ValueError(f"{spec.name} must be [{spec.rows}, n] for one packed batch, got {tuple(t.shape)} "
-                                 f"(the [3, batch, n] form of Hugging Face's get_rope_index): take [:, 0] of each "
-                                 f"request or use slabstage.hf.mrope_positions")
-            check_tensor(spec.name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok)
-        else:
-            check_tensor(spec.name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
-    if not embed:
-        return
-    check_tensor("table", table, dtypes=FLOAT_DTYPES, device=device, dims=2)
-    if isinstance(media, torch.Tensor):
-        check_tensor("media", media, dtypes=FLOAT_DTYPES, device=device, dims=2)
-    if index is not None:
-        check_tensor("media_index", index, dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
-    check_choice("expand", expand, ("zeros", "repeat"))
-
-
-def _clear(dst: Destinations, spans: list, plan: MediaPlan | None = None) -> None:
-    """Every source's bytes (``spans``, then the media blocks') miss every destination: one pass over them all,
-    errors named in that order."""
-    names, lows, highs = zip(*spans) if spans else ((), (), ())
-    if plan is not None and plan.lows:
-        lows, highs = (*lows, *plan.lows), (*highs, *plan.highs)
-    dst.clear_of_all(lows, highs, lambda: chain(spans, plan.spans() if plan is not None else ()))
-
-
-def _check_lengths(given, reads, slots, n: int, spans=None, dst: Destinations | None = None,
-                   present=None) -> tuple[list, int]:
-    """``(sources, b)``: the integer sources that ``slots`` take, each checked against the batch's ``n`` and
-    its request count ``b`` (from ``reads``, what was read of them); with ``dst``, also their values
-    (host ones), and each device one's bytes are added to ``spans`` (checked against every destination).
-    ``present``: the indices of the sources given that a slot takes, when known."""
+def _check_lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> int:
+    """The request count ``b``, after checking each integer source (``sources``, a :class:`Config`'s) against
+    ``n`` and ``b``; the bytes of each read in place go to ``spans`` (checked against every destination), and
+    host values a narrower slot cannot hold are refused."""
+    ts, dtypes, _, shapes, strides, ptrs = reads
     b = -1
-    sources = [None] * len(given)
-    for k in range(len(reads)) if present is None else present:
-        r = reads[k]
-        if r[0] is None or slots[k] is None:
-            continue
-        shape = r[4]
-        kind, rows = _KINDS[k]
+    for at, _, kind, rows, name, elem, in_block, narrow in sources:
+        shape = shapes[at]
         if kind == REQUESTS:
             if b < 0:
                 b = shape[0] if len(shape) == 1 else 0
@@ -268,47 +247,98 @@ def _check_lengths(given, reads, slots, n: int, spans=None, dst: Destinations | 
             want = (b,)
         else:
             want = (rows, n) if kind == ROWS else (n,)
-        if shape != want or (want[-1] > 1 and r[5][-1] != 1):
-            check_tensor(_NAMES[k], given[k], shape=want)  # names what is wrong
-        sources[k] = given[k]
-        if dst is None:
+        if shape != want or (want[-1] > 1 and strides[at][-1] != 1):
+            check_tensor(name, ts[at], shape=want)  # names what is wrong
+        if spans is None:
             continue
-        if r[2] < 0:  # a host input: its values must fit its slot (a device one is flagged on the device)
-            if dst.bits[k] < INT_BITS[r[1]]:
-                check_values(_NAMES[k], given[k], slots[k].dtype)
-            if dst.host:
-                continue  # copied into the block: apart from every destination
-        elems = shape[0] if len(shape) == 1 else (shape[0] - 1) * r[5][0] + shape[1]
+        if narrow is not None:
+            check_values(name, ts[at], narrow)
+        if in_block:
+            continue
+        elems = want[0] if kind != ROWS else ((rows - 1) * strides[at][0] + n if n else 0)
         if elems:
-            spans.append((_NAMES[k], r[6], r[6] + elems * _ELEM[r[1]]))
-    return sources, max(b, 0)
+            spans += (name, ptrs[at], ptrs[at] + elems * elem)
+    return max(b, 0)
 
 
-def _check_index(media, index, n: int, missing: str) -> None:
-    if index is not None:
-        if index.shape != (n,) or (n > 1 and index.stride(0) != 1):
-            check_tensor("media_index", index, shape=(n,))  # names what is wrong
-    elif media is not None:
-        raise ValueError(missing)
+def _clear(dst: Destinations, spans: list, plan: MediaPlan | None = None) -> None:
+    """Every source's bytes (``spans``: name, first byte, end byte of each; then the media blocks') miss every
+    destination: one pass over them all, errors named in that order."""
+    lows, highs = spans[1::3], spans[2::3]
+    if plan is not None and plan.lows:
+        lows += plan.lows
+        highs += plan.highs
+    dst.clear_of_all(lows, highs, lambda: chain(zip(spans[0::3], lows, highs), () if plan is None else plan.spans()))
 
 
-def _check_configuration(dst: Destinations, given, table, media, index, expand, owner, scale) -> None:
+_SOURCE_FORMS: dict = {}  # the configurations check_sources has passed (a few per engine)
+# what check_sources checks a batch against: every slot, no host block, no narrowing
+_ANYWHERE = SimpleNamespace(host=False, slots=(SimpleNamespace(dtype=torch.int64),) * len(SOURCES),
+                            bits=(64,) * len(SOURCES))
+
+
+def check_sources(src, what: str = "PrefillBatch") -> None:
+    """What a batch must satisfy on its own, with no destinations to check it against (a
+    :class:`~slabstage.PrefillBatch` when it is made): the checks of :func:`check_batch` that need none."""
+    vals = _fields(src)
+    layouts = vals[LAYOUT_SLOT]
+    if layouts is not None and type(layouts) is not _T:
+        vals = (*vals[:LAYOUT_SLOT], None, *vals[LAYOUT_SLOT + 1:])
+        check_layouts(layouts)  # (their values are checked where they are staged, with the rest of the batch)
+    config, reads = _config_of(None, vals, _SOURCE_FORMS, True)
+    n = reads[3][0][0]
+    _check_lengths(config.sources, reads, n, None)
+    i = config.index
+    if i is not None:
+        if reads[3][i] != (n,) or (n > 1 and reads[4][i][0] != 1):
+            check_tensor("media_index", vals[INDEX], shape=(n,))  # names what is wrong
+    elif vals[MEDIA] is not None:
+        raise ValueError(f"{what}.media was given without media_index")
+
+
+def _check_kinds(vals: tuple, device, host_ok: bool, slots: bool, embed: bool) -> None:
+    """Each input's kind, dtype, device and rank (``device=None``: any device). ``slots``: the integer
+    slots are written (their required sources must be given; the ids always are); ``embed``: the slab."""
+    for spec, t in zip(SOURCE_SLOTS, vals):
+        if t is None and not (spec.required and (slots or spec.name == "input_ids")):
+            continue
+        if spec.kind == ROWS:
+            if isinstance(t, _T) and t.dim() == 3 and t.shape[0] == spec.rows and t.shape[1] == 1:
+                raise ValueError(f"{spec.name} must be [{spec.rows}, n] for one packed batch, got {tuple(t.shape)} "
+                                 f"(the [3, batch, n] form of Hugging Face's get_rope_index): take [:, 0] of each "
+                                 f"request or use slabstage.hf.mrope_positions")
+            check_tensor(spec.name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok)
+        else:
+            check_tensor(spec.name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
+    if not embed:
+        return
+    check_tensor("table", vals[TABLE], dtypes=FLOAT_DTYPES, device=device, dims=2)
+    if isinstance(vals[MEDIA], _T):
+        check_tensor("media", vals[MEDIA], dtypes=FLOAT_DTYPES, device=device, dims=2)
+    if vals[INDEX] is not None:
+        check_tensor("media_index", vals[INDEX], dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
+    check_choice("expand", vals[EXPAND], ("zeros", "repeat"))
+
+
+def _check_configuration(dst: Destinations | None, vals: tuple, embed: bool) -> None:
     """The checks a configuration decides: kinds, dtypes, devices, ranks, widths, switches."""
-    device = dst.device
+    if dst is None:  # (no destinations: any device, host inputs allowed, the slots' sources required)
+        _check_kinds(vals, None, True, True, True)
+        return
     has_slots = any(s is not None for s in dst.slots)
-    _check_kinds(given, device, dst.host_ok, has_slots, dst.slab is not None, table, media, index, expand)
-    for spec, t, slot in zip(SOURCE_SLOTS, given, dst.slots):
+    _check_kinds(vals, dst.device, dst.host_ok, has_slots, embed)
+    for spec, t, slot in zip(SOURCE_SLOTS, vals, dst.slots):
         if t is not None and slot is None and has_slots:
             if spec.switch is not None:
                 raise ValueError(f"{spec.name} given but the buffers were allocated without {spec.switch}=True")
             raise ValueError(f"{spec.name} given but the buffers have no {spec.name!r} slot")
-    if dst.slab is None:
+    if not embed:
         return
-    width = dst.slab.shape[1]
+    width, table, media = dst.slab.shape[1], vals[TABLE], vals[MEDIA]
     if table.shape[1] != width:
-        check_source_width("table", table.shape[1], width, expand)
-    check_bool("media_owner", owner)
-    if scale is not None:
-        check_real("text_scale", scale)
-    if isinstance(media, torch.Tensor):
-        describe_media(media, device, width, table.shape[1], expand)
+        check_source_width("table", table.shape[1], width, vals[EXPAND])
+    check_bool("media_owner", vals[OWNER])
+    if vals[SCALE] is not None:
+        check_real("text_scale", vals[SCALE])
+    if isinstance(media, _T):
+        describe_media(media, dst.device, width, table.shape[1], vals[EXPAND])
