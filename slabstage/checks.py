@@ -18,6 +18,7 @@ __all__ = [
     "vocab_bounds",
     "FLOAT_DTYPES",
     "NotAnIntError",
+    "NotARealError",
     "INT_DTYPES",
     "INT32_MAX",
     "check_bool",
@@ -31,6 +32,7 @@ __all__ = [
     "extent",
     "dtype_holds",
     "is_int",
+    "is_real",
 ]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -43,11 +45,29 @@ class NotAnIntError(TypeError, ValueError):
     """An int was expected: a wrong kind of value (TypeError) for an argument with a range (ValueError)."""
 
 
+class NotARealError(TypeError, ValueError):
+    """A real number was expected: a wrong kind of value (TypeError) for an argument with a range (ValueError)."""
+
+
 def is_int(v: object) -> bool:
     """An integer that is not a bool (Python ints, numpy integers, ...)."""
     if type(v) is int:
         return True
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def is_real(v: object) -> bool:
+    """A real number that is not a bool (ints, floats, numpy scalars, fractions, ...)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _bounds(lo, hi) -> str:
+    """What ``[lo, hi]`` asks for, as words (either end open when None)."""
+    if lo is not None and hi is not None:
+        return f" in [{lo}, {hi}]"
+    if lo is not None:
+        return f" >= {lo}"
+    return "" if hi is None else f" <= {hi}"
 
 
 def check_int(name: str, v: object, *, lo: int | None = None, hi: int | None = None) -> int:
@@ -62,26 +82,26 @@ def check_int(name: str, v: object, *, lo: int | None = None, hi: int | None = N
     v = int(v)
     top = INT64_MAX if hi is None else hi
     if (lo is not None and v < lo) or v > top:
-        if lo is not None and hi is not None:
-            want = f"in [{lo}, {hi}]"
-        elif lo is not None:
-            want = f">= {lo}" + (f" and <= {top}" if v > top else "")
-        else:
-            want = f"<= {top}"
-        raise ValueError(f"{name} must be an int {want}, got {v}")
+        raise ValueError(f"{name} must be an int{_bounds(lo, top if v > top else hi)}, got {v}")
     return v
 
 
-def check_real(name: str, v: object, *, finite: bool = True) -> float:
-    """``v`` as a Python float; non-finite values (NaN, inf, or ints past float range) raise ``ValueError``."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {v!r} ({type(v).__name__})")
+def check_real(name: str, v: object, *, finite: bool = True, lo: float | None = None,
+               hi: float | None = None) -> float:
+    """``v`` as a Python float in ``[lo, hi]`` (either end open when None).
+
+    A value that is not a real number (a bool included) raises :class:`NotARealError`;
+    one out of range, an int past float range, or (when ``finite``) NaN or inf raises
+    ``ValueError``.
+    """
+    if not is_real(v):
+        raise NotARealError(f"{name} must be a real number{_bounds(lo, hi)}, got {v!r} ({type(v).__name__})")
     try:
         f = float(v)
     except OverflowError:
-        raise ValueError(f"{name} must be a finite number, got {v!r} (past float range)") from None
-    if finite and not math.isfinite(f):
-        raise ValueError(f"{name} must be a finite number, got {f}")
+        raise ValueError(f"{name} must be a finite number{_bounds(lo, hi)}, got {v!r} (past float range)") from None
+    if (finite and not math.isfinite(f)) or (lo is not None and not f >= lo) or (hi is not None and not f <= hi):
+        raise ValueError(f"{name} must be {'a finite' if finite else 'a real'} number{_bounds(lo, hi)}, got {f}")
     return f
 
 
@@ -152,7 +172,7 @@ def overlap_message(src_name: str, dst_name: str) -> str:
 def dtype_holds(dtype: torch.dtype, value) -> bool:
     """Whether ``value`` is stored in ``dtype`` exactly (integers in range, no NaN in an int slot)."""
     if dtype.is_floating_point:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+        return is_real(value)
     if dtype == torch.bool:
         return value in (0, 1) and not isinstance(value, float)
     if not is_int(value):
@@ -170,7 +190,7 @@ def check_fill(name: str, value: object, dtype: torch.dtype) -> int | float:
     a finite value that would round to inf, or an int past float range, is refused).
     A value that is not a real number (a bool included) raises ``TypeError``.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
     shown = repr(value) if len(repr(value)) <= 24 else f"{repr(value)[:12]}... ({len(repr(value))} digits)"
     if not (dtype.is_floating_point or dtype.is_complex):

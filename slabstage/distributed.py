@@ -22,23 +22,17 @@ The all-reduce runs in one of two places, never both (twice would double every r
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable
 
 import torch.distributed as dist
 
+from .checks import check_int
 from .graph_runner.nvtx import range_pop, range_push
 from .staging.buffers import StagingBuffers
 
 __all__ = ["vocab_shard", "vocab_parallel_args", "SlabAllReduce", "all_reduce_in_forward"]
 
 ALL_REDUCE_RANGE = "slabstage.all_reduce"  # NVTX range around the host-side all-reduce
-
-
-def _int(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
 
 
 def vocab_shard(vocab_size: int, rank: int, world_size: int, *, padding: int = 1) -> tuple[int, int]:
@@ -56,10 +50,10 @@ def vocab_shard(vocab_size: int, rank: int, world_size: int, *, padding: int = 1
     Raises ``ValueError`` unless ``vocab_size >= 1``, ``world_size >= 1``,
     ``0 <= rank < world_size`` and ``padding >= 1`` are ints.
     """
-    vocab_size = _int("vocab_size", vocab_size, 1)
-    world_size = _int("world_size", world_size, 1)
-    rank = _int("rank", rank, 0)
-    padding = _int("padding", padding, 1)
+    vocab_size = check_int("vocab_size", vocab_size, lo=1)
+    world_size = check_int("world_size", world_size, lo=1)
+    rank = check_int("rank", rank, lo=0)
+    padding = check_int("padding", padding, lo=1)
     if rank >= world_size:
         raise ValueError(f"rank {rank} is not in a group of {world_size}")
     padded = -(-vocab_size // padding) * padding
@@ -79,7 +73,7 @@ def vocab_parallel_args(vocab_size: int, rank: int, world_size: int, *, padding:
     unless ``0 <= media_rank < world_size``.
     """
     vocab_range = vocab_shard(vocab_size, rank, world_size, padding=padding)
-    media_rank = _int("media_rank", media_rank, 0)
+    media_rank = check_int("media_rank", media_rank, lo=0)
     if media_rank >= world_size:
         raise ValueError(f"media_rank {media_rank} is not in a group of {world_size}")
     return {"vocab_range": vocab_range, "vocab_size": int(vocab_size), "media_owner": rank == media_rank}
@@ -115,8 +109,7 @@ class SlabAllReduce:
 
     def __call__(self, pad_to: int) -> None:
         slab = self.buffers.input_embeds
-        if isinstance(pad_to, bool) or not isinstance(pad_to, numbers.Integral) or not 0 < pad_to <= slab.shape[0]:
-            raise ValueError(f"pad_to must be an int in [1, {slab.shape[0]}] (the slab's rows), got {pad_to!r}")
+        pad_to = check_int("pad_to", pad_to, lo=1, hi=slab.shape[0])
         range_push(ALL_REDUCE_RANGE)
         try:
             dist.all_reduce(slab[:pad_to], op=dist.ReduceOp.SUM, group=self.group)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import numbers
+from ..checks import check_int
 
 __all__ = ["default_token_buckets"]
 
@@ -20,8 +20,7 @@ def default_token_buckets(max_num_tokens: int) -> list[int]:
     ``max_num_tokens`` is dropped and ``max_num_tokens`` itself is the last bucket.
     For 8192 tokens that is 48 buckets; for 32768, 60.
     """
-    if isinstance(max_num_tokens, bool) or not isinstance(max_num_tokens, numbers.Integral) or max_num_tokens < 1:
-        raise ValueError(f"max_num_tokens must be a positive int, got {max_num_tokens!r}")
+    max_num_tokens = check_int("max_num_tokens", max_num_tokens, lo=1)
     sizes, lo = [], 0
     for hi, step in _BANDS:
         if step is None:
@@ -35,5 +34,5 @@ def default_token_buckets(max_num_tokens: int) -> list[int]:
         lo = hi if hi is not None else lo
         if hi is None or hi >= max_num_tokens:
             break
-    ladder = sorted({s for s in sizes if s < max_num_tokens} | {int(max_num_tokens)})
+    ladder = sorted({s for s in sizes if s < max_num_tokens} | {max_num_tokens})
     return ladder

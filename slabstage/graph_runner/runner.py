@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-import numbers
 from typing import Any, Callable
 
 import torch
 
-from ..checks import check_choice, check_real
+from ..checks import check_choice, check_int, check_real
 from ..kernels.launch import Stager
 from ..staging.buffers import StagingBuffers
 from .batch import PrefillBatch
@@ -78,22 +77,17 @@ class PrefillGraphRunner:
             raise TypeError(f"buffers must be StagingBuffers, got {type(buffers).__name__}")
         capacity = buffers.registry.capacity
         buckets = default_token_buckets(capacity) if buckets is None else buckets
-        sizes = sorted(set(buckets))
-        if not sizes or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1 for b in sizes):
-            raise ValueError(f"buckets must be positive ints, got {buckets!r}")
+        sizes = sorted({check_int(f"buckets[{i}]", b, lo=1) for i, b in enumerate(buckets)})
+        if not sizes:
+            raise ValueError(f"buckets must hold at least one token count, got {buckets!r}")
         if sizes[-1] > capacity:
             raise ValueError(f"bucket {sizes[-1]} exceeds the buffers' capacity of {capacity} tokens")
-        try:
-            ratio = check_real("max_padding_ratio", max_padding_ratio)
-        except (TypeError, ValueError):
-            ratio = None
-        if ratio is None or ratio < 1:
-            raise ValueError(f"max_padding_ratio must be a number >= 1, got {max_padding_ratio!r}")
+        ratio = check_real("max_padding_ratio", max_padding_ratio, lo=1)
         check_choice("verify", verify, VERIFY)
         self.forward = forward
         self.buffers = buffers
         self.registry = buffers.registry
-        self.buckets = [int(b) for b in sizes]
+        self.buckets = sizes
         self._ratio = ratio
         self.after_stage = after_stage
         self.process_group = process_group
@@ -127,10 +121,7 @@ class PrefillGraphRunner:
 
     @max_padding_ratio.setter
     def max_padding_ratio(self, value: float) -> None:
-        ratio = check_real("max_padding_ratio", value)
-        if ratio < 1:
-            raise ValueError(f"max_padding_ratio must be a number >= 1, got {value!r}")
-        self._ratio = ratio
+        self._ratio = check_real("max_padding_ratio", value, lo=1)
         if self._graphs or self._pending:
             self._routes()
 

@@ -21,12 +21,12 @@ sequences of their own and never reach a real row.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import check_choice, check_int, check_real
 from ..graph_runner.batch import PrefillBatch
 from ..kernels.media_index import media_index_from_spans
 from ..staging.width import resolve_input_embeds_width
@@ -34,12 +34,6 @@ from ..staging.width import resolve_input_embeds_width
 __all__ = ["ToyMultimodalModel", "VARIANTS", "make_batch", "packed_causal_mask"]
 
 VARIANTS = ("plain", "deepstack", "hc")
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -102,22 +96,19 @@ class ToyMultimodalModel(nn.Module):
                  patch_dim: int = 48, seed: int = 0, device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
-        H = _positive("hidden_size", hidden_size)
-        self.variant = variant
-        self.hidden_size = H
-        self.vocab_size = _positive("vocab_size", vocab_size)
-        self.num_layers = _positive("num_layers", num_layers)
-        self.num_heads = _positive("num_heads", num_heads)
-        self.patch_dim = _positive("patch_dim", patch_dim)
+        self.variant = check_choice("variant", variant, VARIANTS)
+        self.hidden_size = H = check_int("hidden_size", hidden_size, lo=1)
+        self.vocab_size = check_int("vocab_size", vocab_size, lo=1)
+        self.num_layers = check_int("num_layers", num_layers, lo=1)
+        self.num_heads = check_int("num_heads", num_heads, lo=1)
+        self.patch_dim = check_int("patch_dim", patch_dim, lo=1)
         if H % self.num_heads or (H // self.num_heads) % 2:
             raise ValueError(f"hidden_size {H} / num_heads {self.num_heads} must be an even head size")
         self.head_dim = H // self.num_heads
-        self.deepstack_k = _positive("deepstack_k", deepstack_k) if variant == "deepstack" else 0
+        self.deepstack_k = check_int("deepstack_k", deepstack_k, lo=1) if variant == "deepstack" else 0
         if self.deepstack_k > self.num_layers:
             raise ValueError(f"deepstack_k={deepstack_k} feeds more layers than num_layers={num_layers}")
-        self.hc_mult = _positive("hc_mult", hc_mult) if variant == "hc" else 1
+        self.hc_mult = check_int("hc_mult", hc_mult, lo=1) if variant == "hc" else 1
         self.media_token_id = self.vocab_size - 1
         self.rope_theta = 10000.0
 
@@ -231,12 +222,11 @@ def make_batch(model: ToyMultimodalModel, num_tokens: int, *, media_fraction: fl
     as a scheduler builds them (the runner packs and copies them). Every draw
     comes from ``generator`` (a CPU ``torch.Generator``; default seed 0).
     """
-    n = _positive("num_tokens", num_tokens)
-    b = _positive("num_seqs", num_seqs)
+    n = check_int("num_tokens", num_tokens, lo=1)
+    b = check_int("num_seqs", num_seqs, lo=1)
     if b > n:
         raise ValueError(f"num_seqs={b} exceeds num_tokens={n}: every sequence needs a token")
-    if not 0.0 <= media_fraction <= 1.0:
-        raise ValueError(f"media_fraction must be in [0, 1], got {media_fraction!r}")
+    media_fraction = check_real("media_fraction", media_fraction, lo=0, hi=1)
     g = torch.Generator().manual_seed(0) if generator is None else generator
     int_device = torch.device("cpu") if device is None else torch.device(device)
 

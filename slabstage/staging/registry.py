@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple, Union
 
 import torch
 
-from ..checks import check_fill, check_int
+from ..checks import check_fill, check_int, is_real
 
 __all__ = ["BufferRegistry", "RegistryMismatchError", "RegistrySignature", "SlotSignature", "Slot", "PadPolicy"]
 
@@ -58,7 +57,7 @@ def _check_pad(name: str, pad: PadPolicy, dtype: torch.dtype) -> None:
     """The pad policy is known, and a fill value is one that ``dtype`` stores as given (no silent 0 or inf)."""
     if pad is None or (isinstance(pad, str) and pad == "zeros"):
         return
-    if isinstance(pad, bool) or not isinstance(pad, numbers.Real):
+    if not is_real(pad):
         raise ValueError(f"slot {name!r}: pad must be 'zeros', a number or None, got {pad!r}")
     check_fill(f"slot {name!r}: pad", pad, dtype)
 
@@ -157,8 +156,7 @@ class BufferRegistry:
 
     def views(self, n: int) -> dict[str, torch.Tensor]:
         """Every slot, sliced to ``n`` on its token axis (slots without one whole)."""
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-            raise ValueError(f"views(n): n must be a non-negative int, got {n!r}")
+        n = check_int("views(n): n", n, lo=0)
         out = {}
         for name, s in self._slots.items():
             if s.token_axis is None:

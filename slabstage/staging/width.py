@@ -9,8 +9,9 @@ the attribute) raises :class:`WidthContractError` rather than falling back.
 from __future__ import annotations
 
 import inspect
-import numbers
 import re
+
+from ..checks import is_int
 
 __all__ = ["WidthContractError", "resolve_input_embeds_width", "check_source_width", "check_media_width"]
 
@@ -118,9 +119,7 @@ def _declared(model: object, attr: str, where: str) -> object:
 
 
 def _as_width(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        return None
-    return int(value)
+    return int(value) if is_int(value) else None
 
 
 def resolve_input_embeds_width(

@@ -443,8 +443,8 @@ HOST_CASES = [
     C(REG, "replace an unknown slot", lambda c: c.buffers.registry.replace("nope", c.ints(9, T)), KeyError,
       "no slot 'nope'; registered: input_ids"),
     C(REG, "views(n) negative", lambda c: c.buffers.registry.views(-1), ValueError,
-      "n must be a non-negative int, got -1"),
-    C(REG, "views(n) not an int", lambda c: c.buffers.registry.views(2.0), ValueError, "n must be a non-negative int"),
+      r"views\(n\): n must be an int >= 0, got -1"),
+    C(REG, "views(n) not an int", lambda c: c.buffers.registry.views(2.0), ValueError, r"views\(n\): n must be an int, got 2.0 \(float\)"),
     C(REG, "views(n) above capacity", lambda c: c.buffers.registry.views(T + 1), ValueError,
       f"views\\({T + 1}\\): slot 'input_ids' holds only {T} tokens"),
     C(REG, "register while frozen", lambda c: c.frozen(lambda r: r.register("extra", c.ints(9, T))),
@@ -539,9 +539,9 @@ HOST_CASES = [
     C(RUNNER, "bucket above capacity", lambda c: PrefillGraphRunner(lambda v: v, c.buffers, buckets=[8, T + 1]),
       ValueError, f"bucket {T + 1} exceeds the buffers' capacity of {T} tokens"),
     C(RUNNER, "bucket zero", lambda c: PrefillGraphRunner(lambda v: v, c.buffers, buckets=[0, 8]), ValueError,
-      "buckets must be positive ints"),
+      r"buckets\[0\] must be an int >= 1, got 0"),
     C(RUNNER, "max_padding_ratio below 1", lambda c: PrefillGraphRunner(lambda v: v, c.buffers, max_padding_ratio=0.5),
-      ValueError, "max_padding_ratio must be a number >= 1"),
+      ValueError, "max_padding_ratio must be a finite number >= 1, got 0.5"),
 ]
 
 

@@ -105,7 +105,7 @@ def test_a_negative_zero_scale_keeps_its_sign():
 
 @pytest.mark.parametrize("ratio", [float("nan"), float("inf"), 0.5, True])
 def test_max_padding_ratio_must_be_a_number_of_at_least_one(ratio):
-    with pytest.raises(ValueError, match="max_padding_ratio must be a number >= 1"):
+    with pytest.raises(ValueError, match="max_padding_ratio must be a (real|finite) number >= 1, got "):
         ss.PrefillGraphRunner(lambda v: v, buffers(), max_padding_ratio=ratio)
 
 
