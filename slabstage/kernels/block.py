@@ -21,7 +21,8 @@ from .params import (F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE,
                      H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS, HEADER_WORDS, INT_CODE, LAYOUT_CODE,
                      SOURCE_WORDS)
 from ..staging.slots import ROWS
-from .validate import LAYOUT_SLOT, Checked, Config
+from .configuration import LAYOUT_SLOT, Config
+from .validate import Checked
 
 __all__ = ["BlockWriter", "MAX_ITEM_WORDS"]
 

@@ -29,7 +29,8 @@ from .params import DEST_WORDS, HEADER_WORDS, INT_CODE, SOURCE_WORDS, PinnedRing
 from .reference import stage_reference
 from .runtime import launch_lock, next_pow2, use_triton
 from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, launch_settings, stage_kernel
-from .validate import DEFAULTS, Checked, check_batch
+from .configuration import DEFAULTS
+from .validate import Checked, check_batch
 
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream"]
 

@@ -16,7 +16,7 @@ from ..staging.buffers import NO_ROW
 from ..staging.slots import COUNT, REQUESTS, SLOTS
 from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, writing_word
 from .mrope import mrope_from_segments
-from .validate import LAYOUT_SLOT
+from .configuration import LAYOUT_SLOT
 
 __all__ = ["stage_reference", "stage_embeddings_reference", "media_index_from_mask_reference"]
 
