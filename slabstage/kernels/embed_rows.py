@@ -85,15 +85,13 @@ if triton is not None:
         m = tl.zeros(offs.shape, OUT)
         j = 0
         while j < nblocks:  # a while loop: the interpreter cannot range() over a runtime int
+            addr = tl.load(fields + 4 * j)
+            stride = tl.load(fields + 4 * j + 1)
             lo = tl.load(fields + 4 * j + 2)
             hi = tl.load(fields + 4 * j + 3)
             if VEC:
-                lo, hi = tl.multiple_of(lo, 8), tl.multiple_of(hi, 8)
-            if on & (((lo < c0 + offs.shape[0]) & (hi > c0)) | wrap):  # a block the piece misses: 2 loads
-                addr = tl.load(fields + 4 * j)
-                stride = tl.load(fields + 4 * j + 1)
-                if VEC:
-                    stride = tl.multiple_of(stride, 8)
+                stride, lo, hi = tl.multiple_of(stride, 8), tl.multiple_of(lo, 8), tl.multiple_of(hi, 8)
+            if on & (((lo < c0 + offs.shape[0]) & (hi > c0)) | wrap):  # a block the piece misses: 4 loads
                 read = on & col_ok & (cols >= lo) & (cols < hi)
                 m = tl.where(read, _load_rows(addr, row * stride - lo, cols, read, code, OUT, VEC, SOFT), m)
             j += 1
