@@ -36,8 +36,9 @@ def as_prompt_ids(input_ids, where: str, name: str = "input_ids") -> torch.Tenso
     """``int64[L]`` on the host: one prompt's ids, given as an integer ``[L]`` or ``[1, L]`` tensor, L >= 1."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"{where} {name} must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
-    if not _is_integer(input_ids.dtype):
-        raise TypeError(f"{where} {name} must hold integer token ids, got dtype {input_ids.dtype}")
+    dtype = input_ids.dtype
+    if dtype is not torch.int64 and not _is_integer(dtype):
+        raise TypeError(f"{where} {name} must hold integer token ids, got dtype {dtype}")
     shape = input_ids.shape
     if not (len(shape) == 1 or (len(shape) == 2 and shape[0] == 1)):
         raise ValueError(f"{where} {name} must be one prompt, [L] or [1, L], got shape {tuple(shape)} "
@@ -47,7 +48,7 @@ def as_prompt_ids(input_ids, where: str, name: str = "input_ids") -> torch.Tenso
     if len(shape) == 2:
         input_ids = input_ids[0]
     # (a host int64 prompt, the usual one, as it is: each torch call costs the host a microsecond)
-    return input_ids if input_ids.dtype is torch.int64 and input_ids.is_cpu else input_ids.to("cpu", torch.int64)
+    return input_ids if dtype is torch.int64 and input_ids.is_cpu else input_ids.to("cpu", torch.int64)
 
 
 def check_grid_rows(grid, name: str, where: str, merge: int) -> list[list[int]] | None:
@@ -82,7 +83,7 @@ def _check_grid_kind(grid, name: str, where: str) -> None:
 
 def _check_grid_values(rows: list, name: str, where: str, merge: int) -> list:
     for j, (t, h, w) in enumerate(rows):
-        if min(t, h, w) < 1 or h % merge or w % merge:
+        if t < 1 or h < 1 or w < 1 or h % merge or w % merge:
             raise ValueError(f"{where} {name}[{j}] = {(t, h, w)}: t, h, w must be at least 1 and h, w multiples "
                              f"of the spatial merge size {merge}")
     return rows
@@ -118,25 +119,22 @@ def placeholder_runs(values: np.ndarray, tokens: tuple[int, int], firsts: list[i
 
     One numpy compare a kind over all the prompts at once, then byte scans (``bytes.find``, a ``memchr``) from
     run to run: nothing in Python a token, a few operations a run."""
-    bounds = list(zip(firsts, firsts[1:] + [values.shape[0]]))
-    kinds = []
-    for token in tokens:
+    ends = firsts[1:] + [values.shape[0]]
+    found = [([], []) for _ in firsts]
+    for kind, token in enumerate(tokens):
         mask = (values == token).tobytes()  # a byte a token: 1 a placeholder, 0 not
-        kinds.append([_runs(mask, lo, hi) for lo, hi in bounds] if 1 in mask else [()] * len(bounds))
-    return list(zip(*kinds))
-
-
-def _runs(mask: bytes, lo: int, hi: int) -> list[tuple[int, int]]:
-    """The maximal runs of 1 in ``mask[lo:hi]``, as ``(start - lo, length)``."""
-    runs = []
-    start = mask.find(1, lo, hi)
-    while start >= 0:
-        end = mask.find(0, start, hi)
-        if end < 0:
-            end = hi
-        runs.append((start - lo, end - start))
-        start = mask.find(1, end, hi)
-    return runs
+        k = 0
+        start = mask.find(1)
+        while start >= 0:
+            while start >= ends[k]:  # (the prompt the run starts in)
+                k += 1
+            hi = ends[k]
+            end = mask.find(0, start, hi)
+            if end < 0:
+                end = hi
+            found[k][kind].append((start - firsts[k], end - start))
+            start = mask.find(1, end)
+    return found
 
 
 def check_placeholders(found: tuple[list, list], images: list | None, videos: list | None, where: str, merge: int,
@@ -147,10 +145,12 @@ def check_placeholders(found: tuple[list, list], images: list | None, videos: li
     (:func:`check_grid_rows`). ``frames``: a video's run is one frame (Qwen3-VL), so a video ``(t, h, w)``
     takes ``t`` runs of ``h * w // merge**2``; else one run of ``t * h * w // merge**2``.
 
-    Returns the runs in prompt order as ``(start, tokens, kind, grid row, frame)``: kind 1 an image and 2 a
-    video, ``frame`` the run's frame in its video when ``frames`` (else 0). A few operations a run."""
+    Returns the runs in prompt order as ``(start, tokens, kind, grid row, media row)``: kind 1 an image and 2
+    a video, ``media row`` the run's first row among the prompt's items laid end to end (the images', then the
+    videos'; a frame's run starts inside its video's item). A few operations a run."""
     runs_out = []
     area = merge ** 2
+    row = 0  # media rows of the runs so far: the runs of a kind take their grid rows' items in order
     for kind, mine, grid, name, what in ((1, found[0], images, "image_grid_thw", "image"),
                                          (2, found[1], videos, "video_grid_thw", "video")):
         if grid is None:
@@ -160,53 +160,56 @@ def check_placeholders(found: tuple[list, list], images: list | None, videos: li
                                  f"{what}{'s' if len(mine) > 1 else ''}) but {name} is None: give the grid")
             continue
         split = frames and kind == 2
-        if split:  # (grid row, rows of its run, frame) of each run
-            want = [(j, h * w // area, f) for j, (t, h, w) in enumerate(grid) for f in range(t)]
+        if split:  # (grid row, rows of its run) of each run
+            want = [(j, h * w // area) for j, (t, h, w) in enumerate(grid) for _ in range(t)]
         else:
-            want = [(j, t * h * w // area, 0) for j, (t, h, w) in enumerate(grid)]
+            want = [(j, t * h * w // area) for j, (t, h, w) in enumerate(grid)]
         if len(mine) != len(want):
             raise ValueError(f"{where} input_ids hold {len(mine)} runs of {what} placeholder tokens but {name} "
                              f"({len(grid)} rows) needs {len(want)} {'frame runs' if split else 'runs'}")
-        for (s, length), (j, rows, frame) in zip(mine, want):
+        for (s, length), (j, rows) in zip(mine, want):
             if length != rows:
                 raise ValueError(f"{where} the {what} placeholder run at tokens [{s}, {s + length}) holds {length} "
                                  f"tokens but {name}[{j}] = {tuple(grid[j])} gives {rows} rows")
-            runs_out.append((s, length, kind, j, frame))
+            runs_out.append((s, length, kind, j, row))
+            row += length
     if found[0] and found[1]:  # (one kind alone is in prompt order already)
         runs_out.sort()
     return runs_out
-
-
-def _item_rows(item, where: str, j: int) -> int:
-    main = item[0] if isinstance(item, (tuple, list)) and len(item) else item
-    shape = main.shape if isinstance(main, torch.Tensor) else ()
-    if len(shape) != 2:
-        raise TypeError(f"{where} media item {j} must be a 2-D tensor or a tuple of 2-D column blocks "
-                        f"(as slabstage.hf.media_items returns), got {type(item).__name__}")
-    return shape[0]
 
 
 def check_items(media, images: list | None, videos: list | None, where: str, merge: int) -> list[int]:
     """Rows of each item in ``media``, checked against its own grid row: items are the images in
     ``image_grid_thw`` order, then the videos in ``video_grid_thw`` order (``images``, ``videos``: the grids'
     rows, :func:`check_grid_rows`)."""
-    if isinstance(media, torch.Tensor) or not isinstance(media, Sequence):
+    # (a list or tuple passes without the Sequence ABC's isinstance, which costs the host a microsecond)
+    if type(media) not in (list, tuple) and (isinstance(media, torch.Tensor) or not isinstance(media, Sequence)):
         raise TypeError(f"{where} media must be a list of items (one per image, then one per video), got "
                         f"{type(media).__name__}")
-    images, videos = images or [], videos or []
-    if len(media) != len(images) + len(videos):
-        raise ValueError(f"{where} {len(media)} media items were given for {len(images)} images and "
-                         f"{len(videos)} videos (grids and placeholders): give one item per image "
+    grids = (images or []) + (videos or [])
+    if len(media) != len(grids):
+        raise ValueError(f"{where} {len(media)} media items were given for {len(images or ())} images and "
+                         f"{len(videos or ())} videos (grids and placeholders): give one item per image "
                          f"(image_grid_thw order), then one per video (video_grid_thw order)")
-    rows = [_item_rows(item, where, i) for i, item in enumerate(media)]
-    want = [t * h * w // merge ** 2 for t, h, w in images + videos]
-    if rows != want:
-        i = next(i for i, (n, m) in enumerate(zip(rows, want)) if n != m)
-        what, name, j = ("image", "image_grid_thw", i) if i < len(images) else \
-            ("video", "video_grid_thw", i - len(images))
-        raise ValueError(f"{where} media item {i} holds {rows[i]} rows but it is {what} {j}, {name}[{j}] = "
-                         f"{tuple((images + videos)[i])} gives {want[i]}: items are the images in image_grid_thw "
-                         f"order, then the videos in video_grid_thw order")
+    rows, bad = [], None  # (a wrong kind of item is named before wrong rows, wherever it is)
+    area = merge ** 2
+    for i, (item, (t, h, w)) in enumerate(zip(media, grids)):
+        main = item[0] if isinstance(item, (tuple, list)) and item else item
+        shape = main.shape if isinstance(main, torch.Tensor) else ()
+        if len(shape) != 2:
+            raise TypeError(f"{where} media item {i} must be a 2-D tensor or a tuple of 2-D column blocks "
+                            f"(as slabstage.hf.media_items returns), got {type(item).__name__}")
+        rows.append(shape[0])
+        if shape[0] != t * h * w // area and bad is None:
+            bad = i
+    if bad is not None:
+        num_images = len(images or ())
+        what, name, j = ("image", "image_grid_thw", bad) if bad < num_images else \
+            ("video", "video_grid_thw", bad - num_images)
+        t, h, w = grids[bad]
+        raise ValueError(f"{where} media item {bad} holds {rows[bad]} rows but it is {what} {j}, {name}[{j}] = "
+                         f"{(t, h, w)} gives {t * h * w // area}: items are the images in image_grid_thw order, "
+                         f"then the videos in video_grid_thw order")
     return rows
 
 

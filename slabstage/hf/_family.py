@@ -64,11 +64,11 @@ class Family:
         """Qwen2.5-VL's ``vision_config.tokens_per_second`` (None for every other family)."""
         return getattr(self.vision_config, "tokens_per_second", None) if self.name == "qwen2_5_vl" else None
 
-    @property
+    @functools.cached_property
     def is_vlm(self) -> bool:
         return self.name in MROPE_FAMILIES + DEEPSTACK_FAMILIES
 
-    @property
+    @functools.cached_property
     def has_deepstack(self) -> bool:
         return self.name in DEEPSTACK_FAMILIES
 

@@ -46,19 +46,21 @@ class Request:
 
 @dataclass
 class _Checked:
-    """The requests after their checks, a list entry each: host ids (the whole prompt), chunk ``(start, end)``,
-    grid rows (or None), placeholder runs (:func:`check_placeholders`), items and their rows. ``values``: the
-    prompts end to end, request ``k``'s from ``firsts[k]``."""
+    """The requests after their checks, a list entry each: chunk ``(start, end)``, grid rows (or None),
+    placeholder runs (:func:`check_placeholders`), items and their rows. ``ids``: the prompts end to end (a new
+    host int64 tensor; ``values`` its numpy view), request ``k``'s from ``firsts[k]``. ``own_mrope``: some
+    request gives its own ``mrope_positions``."""
 
-    ids: list
     chunks: list
     images: list
     videos: list
     runs: list
     media: list
     rows: list
+    ids: torch.Tensor
     values: np.ndarray
     firsts: list
+    own_mrope: bool
 
 
 _VLM_ONLY = ("media", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "mrope_positions")
@@ -83,14 +85,16 @@ def _check(fam, requests: list, first: int) -> _Checked:
     items against grids. Per request the few checks of its values; the placeholders of all the prompts found
     in one pass over them together."""
     vlm = fam.is_vlm
-    wheres, ids, chunks, images, videos, media = [], [], [], [], [], []
+    wheres, ids, firsts, chunks, images, videos, media = [], [], [0], [], [], [], []
     for k, req in enumerate(requests, first):
         where = f"slabstage.hf.pack_requests: request {k}:"
         if not isinstance(req, Request):
             raise TypeError(f"{where} a request must be a slabstage.hf.Request, got {type(req).__name__}")
         prompt = as_prompt_ids(req.input_ids, where)
-        chunks.append(check_chunk(req.chunk, prompt.shape[0], where))
+        length = prompt.shape[0]
+        chunks.append(check_chunk(req.chunk, length, where))
         ids.append(prompt)
+        firsts.append(firsts[-1] + length)
         wheres.append(where)
         if vlm:
             image, video = check_vlm_grids(fam, req.image_grid_thw, req.video_grid_thw, req.second_per_grid_ts,
@@ -103,18 +107,21 @@ def _check(fam, requests: list, first: int) -> _Checked:
         if given:
             raise ValueError(f"{where} it gives {', '.join(given)} but {type(fam.model).__name__} ({fam.name}) is a "
                              f"text-only model: it would drop them")
-    firsts = list(accumulate((prompt.shape[0] for prompt in ids), initial=0))
-    values = np.concatenate([prompt.numpy() for prompt in ids])  # (a new array: the batch's ids come from it)
+    ids = torch.cat(ids)  # (a new tensor: the batch's ids, unless chunks leave some out; one copy of them all)
+    values = ids.numpy()
     if not vlm:
-        return _Checked(ids, chunks, [], [], [], [], [], values, firsts)
+        return _Checked(chunks, [], [], [], [], [], ids, values, firsts, False)
     found = placeholder_runs(values, fam.placeholder_ids, firsts[:-1])
-    runs, rows = [], []
+    runs, rows, own = [], [], False
     merge, frames = fam.merge, fam.has_deepstack  # (Qwen3-VL parts a video's frames: one run per frame)
-    for k, req in enumerate(requests):
-        runs.append(check_placeholders(found[k], images[k], videos[k], wheres[k], merge, frames))
-        rows.append(check_items(media[k], images[k], videos[k], wheres[k], merge))
-        check_mrope(req.mrope_positions, firsts[k + 1] - firsts[k], wheres[k])
-    return _Checked(ids, chunks, images, videos, runs, media, rows, values, firsts)
+    for req, where, mine, image, video, items, a, b in zip(requests, wheres, found, images, videos, media, firsts,
+                                                          firsts[1:]):
+        runs.append(check_placeholders(mine, image, video, where, merge, frames))
+        rows.append(check_items(items, image, video, where, merge))
+        if req.mrope_positions is not None:
+            check_mrope(req.mrope_positions, b - a, where)
+            own = True
+    return _Checked(chunks, images, videos, runs, media, rows, ids, values, firsts, own)
 
 
 def _empty(value) -> bool:
@@ -162,22 +169,25 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     seq_lens = [end - start for start, end in c.chunks]
     dst0 = list(accumulate(seq_lens, initial=0))  # each request's first batch row
     n = dst0.pop()
-    ids = c.values  # the prompts end to end: the batch's ids unless a chunk leaves some of them out
-    if any(end - start != b - a for (start, end), a, b in zip(c.chunks, c.firsts, c.firsts[1:])):
-        ids = np.concatenate([c.values[a + start:a + end] for (start, end), a in zip(c.chunks, c.firsts)])
+    ids = c.ids  # the prompts end to end: the batch's ids unless a chunk leaves some of them out
+    if n != c.firsts[-1]:
+        ids = torch.from_numpy(np.concatenate([c.values[a + start:a + end]
+                                               for (start, end), a in zip(c.chunks, c.firsts)]))
     count = _count(c.firsts[-1])  # (no chunk ends past its prompt)
-    positions = np.concatenate([count[start:end] for start, end in c.chunks])
+    positions = np.empty(n, dtype=np.int64)
+    for row0, (start, end) in zip(dst0, c.chunks):  # (slices: the numpy calls the media index makes too)
+        positions[row0:row0 + end - start] = count[start:end]
     media_index, items, mrope = None, [], None
     if fam.is_vlm:
         rule = layout_rule(transformers_version() or "0")
-        as_tensor = rule is None or any(req.mrope_positions is not None for req in requests)
+        as_tensor = rule is None or c.own_mrope
         mrope = []
-        for req, prompt, (start, end), images, videos, runs in zip(requests, c.ids, c.chunks, c.images,
-                                                                    c.videos, c.runs):
+        for req, a, b, (start, end), images, videos, runs in zip(requests, c.firsts, c.firsts[1:], c.chunks,
+                                                                  c.images, c.videos, c.runs):
             if req.mrope_positions is not None:
                 mrope.append(req.mrope_positions.to("cpu", torch.int64)[:, start:end])
             elif rule is None:
-                whole = rope_index(fam, prompt, grid_tensor(images), grid_tensor(videos), req.second_per_grid_ts)
+                whole = rope_index(fam, c.ids[a:b], grid_tensor(images), grid_tensor(videos), req.second_per_grid_ts)
                 mrope.append(whole[:, start:end])
             else:
                 layout = layout_of_rows(fam, runs, images, videos, req.second_per_grid_ts, start, end, rule)
@@ -191,7 +201,7 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
             if device is not None and device.type != "cpu":
                 media_index = media_index.to(device)
     return PrefillBatch(
-        input_ids=torch.from_numpy(ids), positions=torch.from_numpy(positions), table=table,
+        input_ids=ids, positions=torch.from_numpy(positions), table=table,
         mrope_positions=mrope, seq_lens=torch.from_numpy(np.array(seq_lens, dtype=np.int32)),
         extend_start_loc=torch.from_numpy(np.array(dst0, dtype=np.int32)), media=items or None,
         media_index=media_index, expand=expand)
@@ -217,32 +227,33 @@ def _take_media(c: _Checked, dst0: list, n: int) -> tuple[np.ndarray | None, lis
     video's item). A few operations a run."""
     spans, items = [], []  # (first batch row, first media row, tokens) of each run a chunk reads
     media_rows = 0  # rows of the items taken so far
-    for row0, (start, end), images, runs, media, rows in zip(dst0, c.chunks, c.images, c.runs, c.media, c.rows):
-        ends = list(accumulate(rows))  # each item's end row
-        num_images = len(images) if images else 0
+    for row0, (start, end), runs, media, rows in zip(dst0, c.chunks, c.runs, c.media, c.rows):
         touched = []  # (first batch row, its media row among the request's items, tokens) of each run read
         lo, stop = None, 0  # the first media row read, the one past the last (a video's runs may come first)
-        for s, length, kind, j, frame in runs:
-            a, b = max(s, start), min(s + length, end)
+        for s, length, _, _, row in runs:
+            a = s if s > start else start
+            b = s + length if s + length < end else end
             if a < b:
-                item = j + num_images if kind == 2 else j
-                f = ends[item] - rows[item] + frame * length + a - s
+                f = row + a - s
                 touched.append((row0 + a - start, f, b - a))
                 if lo is None or f < lo:
                     lo = f
                 if f + b - a > stop:
                     stop = f + b - a
-        if not touched:
+        if lo is None:
             continue
+        ends = list(accumulate(rows))  # each item's end row
         first, last = bisect_right(ends, lo), bisect_right(ends, stop - 1)  # the items that hold them
         base = ends[first] - rows[first]
         items += media[first:last + 1]
-        spans += [(row, f + media_rows - base, tokens) for row, f, tokens in touched]
+        spans.append((media_rows - base, touched))  # (rebased: the first item taken starts at media_rows)
         media_rows += ends[last] - base
     if not items:
         return None, items
     count = _count(media_rows)
-    index = np.full(n, -1, dtype=np.int64)
-    for row, media_row, tokens in spans:  # (a run: a slice, no loop over its tokens)
-        index[row:row + tokens] = count[media_row:media_row + tokens]
+    index = np.empty(n, dtype=np.int64)
+    index.fill(-1)
+    for shift, touched in spans:
+        for row, f, tokens in touched:  # (a run: a slice, no loop over its tokens)
+            index[row:row + tokens] = count[f + shift:f + shift + tokens]
     return index, items

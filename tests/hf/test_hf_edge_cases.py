@@ -254,6 +254,9 @@ def test_swapped_images_are_refused(models, family):
         sshf.pack_requests(model, [sshf.Request(ids, items[::-1], image_grid_thw=grid)])
     with pytest.raises(ValueError, match="1 media items were given for 2 images and 0 videos"):
         sshf.pack_requests(model, [sshf.Request(ids, items[:1], image_grid_thw=grid)])
+    # an item that is no tensor is named before an earlier item's wrong rows
+    with pytest.raises(TypeError, match="request 0: media item 1 must be a 2-D tensor"):
+        sshf.pack_requests(model, [sshf.Request(ids, [items[1], "rows"], image_grid_thw=grid)])
 
 
 # -- DeepStack levels as HF applies them ---------------------------------------------------
