@@ -34,6 +34,9 @@ class Row:
 def load_rows(data: dict) -> list[Row]:
     """One :class:`Row` per benchmark of a pytest-benchmark JSON document."""
     rows = []
+    tests = {}  # param -> the tests that take it: a param two tests share is named with its test
+    for b in data.get("benchmarks", []):
+        tests.setdefault(b.get("param"), set()).add(str(b.get("name")).split("[")[0])
     for b in data.get("benchmarks", []):
         info = b.get("extra_info") or {}
         median = (b.get("stats") or {}).get("median")
@@ -42,7 +45,8 @@ def load_rows(data: dict) -> list[Row]:
         rows.append(Row(
             metric=str(info.get("metric", "time")),
             impl=str(info.get("impl") or b.get("param") or b.get("name")),
-            shape=str(info.get("shape") or b.get("param") or b.get("name")),
+            shape=str(info.get("shape") or (b.get("param") if len(tests[b.get("param")]) < 2 else None)
+                      or b.get("name")),
             tokens=info.get("tokens"),
             width=info.get("width"),
             median_us=float(median) * 1e6,
