@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Sequence, Union
 
 import torch
 
+from ..kernels.configuration import DEFAULTS
 from ..kernels.validate import check_sources
 from ..staging.slots import SOURCE_SLOTS
 
@@ -60,3 +61,6 @@ class PrefillBatch:
 
 # a slot declared in slabstage.staging.slots needs its field here
 assert {s.name for s in SOURCE_SLOTS} <= {f.name for f in fields(PrefillBatch)}, "PrefillBatch lacks a slot field"
+# the defaults the staging path gives a field a caller leaves out are PrefillBatch's own
+assert all(DEFAULTS[f.name] == f.default for f in fields(PrefillBatch) if f.default is not MISSING), \
+    "PrefillBatch's defaults differ from slabstage.kernels.configuration.DEFAULTS"

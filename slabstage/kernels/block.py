@@ -3,7 +3,7 @@
 :class:`BlockWriter` is the half of :class:`~slabstage.kernels.launch.Stager` that turns a
 :class:`~slabstage.kernels.validate.Checked` batch into words: the header, each integer source, the item
 and segment lists, and host integer inputs copied into the block itself. What a configuration fixes (dtype
-codes, widths, switches) is a template made once per :class:`~slabstage.kernels.validate.Config`; a batch
+codes, widths, switches) is a template made once per :class:`~slabstage.kernels.configuration.Config`; a batch
 writes the words that change.
 """
 
@@ -21,7 +21,7 @@ from .params import (F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE,
                      H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS, HEADER_WORDS, INT_CODE, LAYOUT_CODE,
                      SOURCE_WORDS)
 from ..staging.slots import ROWS
-from .configuration import LAYOUT_SLOT, Config
+from .configuration import ELEM, LAYOUT_SLOT, Config
 from .validate import Checked
 
 __all__ = ["BlockWriter", "MAX_ITEM_WORDS"]
@@ -133,15 +133,13 @@ class BlockWriter:
         if self.num_slots:  # the embeddings read the ids where the integer half reads them
             ids_addr = values[HEADER_WORDS]
         elif config.host_ids:
-            ids_addr, _, end = _into_block(shapes[0], strides[0], ptrs[0], 8 if dtypes[0] == torch.int64 else 4,
-                                           parts, base, end)
+            ids_addr, _, end = _into_block(shapes[0], strides[0], ptrs[0], ELEM[dtypes[0]], parts, base, end)
         else:
             ids_addr = ptrs[0]
         i = config.index
         if i is not None:
             if config.host_index:
-                values[H_INDEX], _, end = _into_block(shapes[i], strides[i], ptrs[i],
-                                                      8 if dtypes[i] == torch.int64 else 4, parts, base, end)
+                values[H_INDEX], _, end = _into_block(shapes[i], strides[i], ptrs[i], ELEM[dtypes[i]], parts, base, end)
             else:
                 values[H_INDEX] = ptrs[i]
         values[H_VOCAB_START:H_SCALE] = c.bounds

@@ -294,10 +294,12 @@ class Inputs:
     """A batch as keyword arguments, named as :class:`~slabstage.PrefillBatch` names its fields (a field not
     given takes PrefillBatch's default)."""
 
-    locals().update(DEFAULTS)
-
     def __init__(self, **fields) -> None:
         self.__dict__.update(fields)
+
+
+for _name, _default in DEFAULTS.items():  # (class attributes: what a field not given reads)
+    setattr(Inputs, _name, _default)
 
 
 def stage_batch(buffers, *, pad_to, **inputs) -> None:

@@ -96,13 +96,14 @@ def stage_reference(dst, c) -> None:
     with torch.inference_mode():  # in-place writes into tensors made in or outside inference mode
         if dst.slab is not None:
             _embeddings(dst.slab, c, dst.errors)
+        sources = c.sources
         for k, (spec, slot, fill) in enumerate(zip(SLOTS, dst.slots, dst.fills)):
             if slot is None:
                 continue
             if spec.kind == COUNT:
                 slot[0] = c.n
                 continue
-            src = c.sources[k]
+            src = sources[k]
             if src is None and k == LAYOUT_SLOT and c.segments is not None:
                 src = mrope_from_segments(c.segments, c.n)
             if src is None:

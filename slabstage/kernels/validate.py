@@ -116,8 +116,7 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         plan = describe_media(media, dst.device, dst.slab.shape[1], tw, vals[EXPAND])
     i = config.index
     if i is not None:
-        if shapes[i] != (n,) or (n > 1 and strides[i][0] != 1):
-            check_tensor("media_index", vals[INDEX], shape=(n,))  # names what is wrong
+        _check_index(vals, reads, i, n)
         if n and not config.host_index:  # (a host index travels in the block)
             spans += ("media_index", ptrs[i], ptrs[i] + n * ELEM[dtypes[i]])
     elif plan is not None:
@@ -165,6 +164,12 @@ def _check_lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> 
     return max(b, 0)
 
 
+def _check_index(vals: tuple, reads: tuple, i: int, n: int) -> None:
+    """``media_index`` (read at position ``i``) is ``[n]`` and contiguous."""
+    if reads[3][i] != (n,) or (n > 1 and reads[4][i][0] != 1):
+        check_tensor("media_index", vals[INDEX], shape=(n,))  # names what is wrong
+
+
 def _clear(dst: Destinations, spans: list, plan: MediaPlan | None = None) -> None:
     """Every source's bytes (``spans``: name, first byte, end byte of each; then the media blocks') miss every
     destination: one pass over them all, errors named in that order."""
@@ -187,10 +192,8 @@ def check_sources(src, what: str = "PrefillBatch") -> None:
     config, reads = configuration(None, vals, _SOURCE_FORMS, True)
     n = reads[3][0][0]
     _check_lengths(config.sources, reads, n, None)
-    i = config.index
-    if i is not None:
-        if reads[3][i] != (n,) or (n > 1 and reads[4][i][0] != 1):
-            check_tensor("media_index", vals[INDEX], shape=(n,))  # names what is wrong
+    if config.index is not None:
+        _check_index(vals, reads, config.index, n)
     elif vals[MEDIA] is not None:
         raise ValueError(f"{what}.media was given without media_index")
 
