@@ -8,6 +8,10 @@ STAMP := $(VENV)/.slabstage-installed
 CPU_TORCH ?= torch==2.13.0
 CPU_TRITON ?= triton==3.6.0
 PYTEST_ARGS ?=
+# Python writes the bytecode of what it imports as it goes (the first process to import torch compiles it,
+# every later one reads it): an environment that says PYTHONDONTWRITEBYTECODE would have every test process
+# compile torch again (10 s an import, against 3.5), and compiling all that was installed takes longer still.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test lint bench bench-report profile clean
 
@@ -26,10 +30,14 @@ $(STAMP): pyproject.toml
 	  echo "setup: installing $(CPU_TORCH) (CPU build) and $(CPU_TRITON)"; \
 	  $(PY) -m pip install -q --no-compile --disable-pip-version-check "$(CPU_TORCH)" "$(CPU_TRITON)"; \
 	fi
-	$(PY) -m pip install -q --no-compile --disable-pip-version-check -e ".[test,bench]"
-	@# bytecode for what was installed, on every core (pip compiles one file at a time: 4x longer); a file
-	@# that is not Python 3 (a template, test data) fails to compile and is left as it is
-	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+	@# the rest through uv when it installs (downloads and unpacks in parallel: a quarter of pip's time), else pip;
+	@# not beside a system torch (uv would not see it there and could fetch a CUDA build)
+	@if grep -q "include-system-site-packages = false" $(VENV)/pyvenv.cfg && \
+	    $(PY) -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1; then \
+	  $(VENV)/bin/uv pip install -q --python $(PY) -e ".[test,bench]"; \
+	else \
+	  $(PY) -m pip install -q --no-compile --disable-pip-version-check -e ".[test,bench]"; \
+	fi
 	@touch $(STAMP)
 
 demo: setup

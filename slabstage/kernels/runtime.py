@@ -79,8 +79,39 @@ def _patch_once_per_launch() -> None:
     interpreter._patch_lang = patch_once
     interpreter.GridExecutor.__call__ = launch
 
+
+def _cache_np_dtypes() -> None:
+    """Under the interpreter, remember the numpy dtype of each Triton dtype: the interpreter's lookup builds a
+    table of 19 dtypes at every call (a tenth of an interpreted staging launch). The same answers, from a
+    dict; nothing changes where the interpreter's internals are not the ones this was written against."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover
+        return
+    lookup = getattr(interpreter, "_get_np_dtype", None)
+    if lookup is None or getattr(lookup, "_slabstage", False):
+        return
+    known: dict = {}
+    block = tl.block_type
+
+    def np_dtype(tt):
+        if isinstance(tt, block):  # (a block's numpy dtype is its element's)
+            tt = tt.element_ty
+        try:
+            found = known.get(tt)
+        except TypeError:  # (a pointer type is unhashable: the lookup answers it first, at once)
+            return lookup(tt)
+        if found is None:
+            found = known[tt] = lookup(tt)
+        return found
+
+    np_dtype._slabstage = True
+    interpreter._get_np_dtype = np_dtype
+
+
 if HAS_TRITON and INTERPRET:
     _patch_once_per_launch()
+    _cache_np_dtypes()
 
 if HAS_TRITON:
 

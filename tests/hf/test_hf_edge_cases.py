@@ -438,6 +438,7 @@ def _lower_bound_site(version: str) -> Path:
     return site
 
 
+@pytest.mark.slow  # (40 s on the 2-core machine: pip resolves, downloads and installs that version first)
 def test_vlm_paths_work_and_match_hf_at_the_minimum_transformers():
     site = _lower_bound_site(MIN_TRANSFORMERS)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

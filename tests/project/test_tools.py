@@ -10,6 +10,7 @@ runs are the ones tools/README.md lists. (``tests/project/test_scripts.py`` pars
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -77,19 +78,57 @@ def test_the_test_that_checks_it_runs_it(name):
     assert test.is_file() and f'"{name}"' in test.read_text(), f"{CHECKS[name]} does not run tools/{name}"
 
 
+# Runs each Python script as ``python script.py ARGS`` would, one after another in one process (one torch
+# import for all of them, not one a script), each with the environment and sys.path it started with.
+_RUNNER = r"""
+import contextlib, io, json, os, runpy, sys
+out = {}
+for key, path, *args in json.loads(sys.argv[1]):
+    env, path0, argv = dict(os.environ), list(sys.path), sys.argv
+    stdout, stderr = io.StringIO(), io.StringIO()
+    sys.argv, sys.path[0] = [path, *args], os.path.dirname(path)
+    code = 0
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):  # (what Python prints of an exit with a message)
+            stderr.write(str(e.code))
+    except Exception as e:
+        code, _ = 1, stderr.write(repr(e))
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        sys.path[:], sys.argv = path0, argv
+    out[key] = [code, stdout.getvalue(), stderr.getvalue()]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def script_runs():
+    """``{key: (exit code, stdout, stderr)}`` of every Python script's ``--help`` (key: its name) and of
+    ``probe_capture_memory.py --tokens 64`` (key ``"probe"``), run where CUDA is hidden."""
+    calls = [[name, str(TOOLS / name), "--help"] for name in PYTHON]
+    calls.append(["probe", str(TOOLS / "probe_capture_memory.py"), "--tokens", "64"])
+    proc = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(calls)], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("name", PYTHON)
-def test_python_script_answers_help(name):
-    proc = subprocess.run([sys.executable, str(TOOLS / name), "--help"], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("usage:"), proc.stdout
+def test_python_script_answers_help(script_runs, name):
+    code, out, err = script_runs[name]
+    assert code == 0, out + err
+    assert out.startswith("usage:"), out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what it says without CUDA")
-def test_probe_capture_memory_says_it_needs_cuda():
-    proc = subprocess.run([sys.executable, str(TOOLS / "probe_capture_memory.py"), "--tokens", "64"], cwd=ROOT,
-                          env=_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "needs a CUDA device" in proc.stderr, proc.stdout + proc.stderr
+def test_probe_capture_memory_says_it_needs_cuda(script_runs):
+    code, out, err = script_runs["probe"]
+    assert code != 0 and "needs a CUDA device" in err, out + err
 
 
 @pytest.mark.parametrize("name", SHELL)
