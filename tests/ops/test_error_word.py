@@ -144,17 +144,19 @@ def test_codes_or_together_and_rows_add_up(device):
 
 
 def test_first_row_is_the_smallest_across_programs_and_calls(device):
-    n = 300  # many programs race for word[2]; the smallest row must win
+    # many programs race for word[2] on a GPU; the smallest row must win (the interpreter runs them in turn:
+    # fewer rows there, the same rows reported)
+    n = 300 if device.type == "cuda" else 136
     g = torch.Generator().manual_seed(3)
     table = torch.randn(V, W, generator=g).to(device)
     ids = torch.randint(0, V, (n,), generator=g)
-    ids[[299, 257, 130, 131]] = torch.tensor([V, -1, V + 5, 2**40])
+    ids[[n - 1, n - 3, 130, 131]] = torch.tensor([V, -1, V + 5, 2**40])
     errors = new_error_word(device)
     slab = torch.full((n, W), POISON, device=device)
     stage_embeddings(slab, ids.to(device), table, errors=errors)
     assert errors.tolist() == [BAD_TOKEN_ID, 4, 130, 0]
     ids2 = torch.randint(0, V, (n,), generator=g)
-    ids2[200] = V
+    ids2[133] = V
     stage_embeddings(slab, ids2.to(device), table, errors=errors)  # a later, larger bad row: first stays
     assert errors.tolist() == [BAD_TOKEN_ID, 5, 130, 0]
     ids2[17] = -1

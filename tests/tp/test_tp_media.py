@@ -17,6 +17,7 @@ a failure never leaves the other rank waiting) and fails its own test.
 
 from __future__ import annotations
 
+import functools
 import os
 import traceback
 from dataclasses import replace
@@ -37,6 +38,9 @@ WORLD = 2
 POISON = 12345.0  # finite, so whole slabs compare with torch.equal; rows past pad_to must keep it
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 PLACEMENTS = ("before_replay", "in_graph")
+# one pytest-xdist worker takes this module (make test deals tests with --dist loadgroup): its ranks are
+# spawned once, by the worker that runs its tests, while the other goes on with other modules
+pytestmark = pytest.mark.xdist_group("tp_media")
 
 
 def init(rank: int, world: int, folder: str) -> None:
@@ -235,8 +239,12 @@ def gloo(spawn_ranks):
 # ==================================================================================================
 # Tests
 # ==================================================================================================
-def single_process(c: dict, dtype: torch.dtype) -> StagingBuffers:
-    """One process, the whole table, the media concatenated into one tensor, the index by hand."""
+@functools.cache
+def single_process(name: str, dname: str) -> StagingBuffers:
+    """One process, the whole table, the media concatenated into one tensor, the index by hand (made once a
+    case: two tests read it, neither writes it)."""
+    dtype = DTYPES[dname]
+    c = case_inputs(name, dtype)
     word3 = int(c["mask"].sum()) if c["mask"] is not None else None
     return stage_case(c, dtype, c["table"], concatenated(c["items"]), c["index"], errors_word3=word3)
 
@@ -252,7 +260,7 @@ def got(saved: dict, key) -> dict:
 def test_gloo_item_slab_equals_single_process(gloo, name, dname):
     dtype = DTYPES[dname]
     c = case_inputs(name, dtype)
-    single = single_process(c, dtype)
+    single = single_process(name, dname)
     want = single.input_embeds
     n, pad_to = c["n"], c["pad_to"]
     media = (c["index"] >= 0) & (c["index"] < c["total"])
@@ -277,7 +285,7 @@ def test_single_process_items_equal_concatenated(name, dname):
     """The single-process reference itself: items give the bytes of the one concatenated tensor."""
     dtype = DTYPES[dname]
     c = case_inputs(name, dtype)
-    want = single_process(c, dtype)
+    want = single_process(name, dname)
     errors = new_error_word("cpu")
     index = worker_index(c, errors)
     items = stage_case(c, dtype, c["table"], c["items"], index, errors_word3=int(errors[3]))
