@@ -47,12 +47,12 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) -m slabstage demo
 
-# ruff first (configured in pyproject.toml), then the suite, one worker a core (pytest-xdist; a module marked
-# xdist_group runs on one worker);
+# ruff first (configured in pyproject.toml), then the suite, one worker a core (pytest-xdist), a test file to
+# a worker (a tensor-parallel module's ranks are then spawned by the worker that runs it: none waits for them);
 # tests/project/test_packaging.py builds and installs the wheel.
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n auto --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .

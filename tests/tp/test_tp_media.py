@@ -38,9 +38,6 @@ WORLD = 2
 POISON = 12345.0  # finite, so whole slabs compare with torch.equal; rows past pad_to must keep it
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 PLACEMENTS = ("before_replay", "in_graph")
-# one pytest-xdist worker takes this module (make test deals tests with --dist loadgroup): its ranks are
-# spawned once, by the worker that runs its tests, while the other goes on with other modules
-pytestmark = pytest.mark.xdist_group("tp_media")
 
 
 def init(rank: int, world: int, folder: str) -> None:
