@@ -119,14 +119,14 @@ def test_all_reduce_helpers_check_their_arguments():
 def staging_case(name: str, dtype: torch.dtype) -> dict:
     """Inputs of one staging case, the same in every process (a fixed seed per case)."""
     g = torch.Generator().manual_seed(sum(map(ord, name)))
-    c = dict(vocab=50, padding=1, width=48, text_width=48, media_width=48, n=37, pad_to=44, rows=48,
+    c = dict(vocab=50, padding=1, width=48, text_width=48, media_width=48, n=32, pad_to=36, rows=40,
              num_media=12, expand="zeros", text_scale=None, media_dtype=dtype, owners=(0,), bad=False)
     c.update({
         "text_and_media": {},
         "padded_vocab": dict(vocab=37, padding=8, text_scale=2.5),  # shards [0, 20) and [20, 37) of 40 rows
         "narrow_text_fp32_media": dict(text_width=16, media_dtype=torch.float32),  # deepstack-like, a cast
         "repeat": dict(width=64, text_width=16, media_width=16, expand="repeat"),  # hyper-connections-like
-        "text_only": dict(num_media=0, pad_to=37),
+        "text_only": dict(num_media=0, pad_to=32),
         "media_on_rank1": dict(owners=(1,)),
         "bad_id_and_index": dict(bad=True),
         "two_owners": dict(owners=(0, 1)),  # wrong on purpose: the comparison must catch it
@@ -164,7 +164,7 @@ def stage_case(c: dict, dtype: torch.dtype, table: torch.Tensor, **vocab) -> Sta
 
 
 RUNNER_CONFIGS = (("plain", "bf16"), ("deepstack", "fp32"), ("hc", "bf16"))
-RUNNER_VOCAB, RUNNER_PADDING, RUNNER_SIZES = 97, 8, (5, 29)
+RUNNER_VOCAB, RUNNER_PADDING, RUNNER_SIZES = 97, 8, (5, 21)
 
 
 def toy(variant: str, dtype: torch.dtype, device="cpu") -> ToyMultimodalModel:

@@ -70,7 +70,7 @@ CASES = {
 
 def case_inputs(name: str, dtype: torch.dtype) -> dict:
     g = torch.Generator().manual_seed(sum(map(ord, name)))
-    c = dict(vocab=50, padding=1, width=48, text_width=48, n=37, pad_to=44, slab_rows=48, src_start=None,
+    c = dict(vocab=50, padding=1, width=48, text_width=48, n=32, pad_to=36, slab_rows=40, src_start=None,
              owner=0, text_scale=None, bad=False)
     c.update(CASES[name])
     table = (torch.randn(c["vocab"], c["text_width"], generator=g) * 2).to(dtype)
@@ -135,7 +135,7 @@ def worker_index(c: dict, errors: torch.Tensor) -> torch.Tensor:
 # Runner cases: the toy model with items
 # ==================================================================================================
 RUNNER_CONFIGS = (("plain", "bf16"), ("deepstack", "fp32"), ("deepstack", "bf16"))
-RUNNER_VOCAB, RUNNER_PADDING, RUNNER_SIZES = 97, 8, (5, 29)
+RUNNER_VOCAB, RUNNER_PADDING, RUNNER_SIZES = 97, 8, (5, 21)
 
 
 def toy(variant: str, dtype: torch.dtype) -> ToyMultimodalModel:
