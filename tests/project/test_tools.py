@@ -96,7 +96,8 @@ for key, path, *args in json.loads(sys.argv[1]):
         if not isinstance(e.code, (int, type(None))):  # (what Python prints of an exit with a message)
             stderr.write(str(e.code))
     except Exception as e:
-        code, _ = 1, stderr.write(repr(e))
+        code = 1
+        stderr.write(repr(e))
     finally:
         os.environ.clear()
         os.environ.update(env)
