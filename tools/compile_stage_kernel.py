@@ -48,9 +48,10 @@ def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
                        attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)).asm["ptx"]
     per_thread = block // (32 * num_warps)  # elements of a row piece each thread holds
-    # the promising instance of each read (text rows scaled, text rows, media rows): 16-byte loads of fp16,
-    # bf16 and fp32 rows
-    expected = 3 * (2 * max(1, per_thread // 8) + max(1, per_thread // 4))
+    # the promising instance of each read: text rows (scaled, and not) in 16-byte loads of fp16, bf16 and fp32
+    # rows; media rows in one 16-bit load (fp16 and bf16 alike) and one fp32 load
+    v16, v32 = max(1, per_thread // 8), max(1, per_thread // 4)  # 16-byte loads of a row piece, 16- and 32-bit
+    expected = 2 * (2 * v16 + v32) + v16 + v32
     return dict(width=width, slab=slab, block=block, num_warps=num_warps, loads=len(re.findall(r"ld\.global", ptx)),
                 loads_v4=len(re.findall(r"ld\.global[^\n]*\.v4", ptx)), expected_v4=expected,
                 registers=registers(ptx))

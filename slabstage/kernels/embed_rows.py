@@ -6,7 +6,7 @@ from __future__ import annotations
 from . import consts as K
 from .runtime import cast_to, tl, triton
 
-__all__ = ["text_row", "media_row"]
+__all__ = ["text_row", "media_row", "media_row_vec"]
 
 if triton is not None:
     @triton.jit
@@ -76,12 +76,12 @@ if triton is not None:
 
     @triton.jit
     def media_row(fields, nblocks, row, width, code, col0, offs, on, col_ok, flags, OUT: tl.constexpr,
-                   VEC: tl.constexpr, SOFT: tl.constexpr):
+                   SOFT: tl.constexpr):
         """Slab columns ``col0 + offs`` of one media row (read only when ``on``): row ``row`` of each column
         block of its item (``fields``: the item's ``(address, row stride, first column, end column)`` per
-        block, read whatever ``on``: they lie in the parameter block)."""
+        block, read whatever ``on``: they lie in the parameter block). One-element loads: no promise made."""
         wrap = (flags & K.F_MEDIA_WRAP) != 0
-        c0, cols = _source_cols(col0, offs, width, (flags & K.F_MEDIA_TILED) != 0, wrap, VEC)
+        c0, cols = _source_cols(col0, offs, width, (flags & K.F_MEDIA_TILED) != 0, wrap, False)
         m = tl.zeros(offs.shape, OUT)
         j = 0
         while j < nblocks:  # a while loop: the interpreter cannot range() over a runtime int
@@ -89,13 +89,45 @@ if triton is not None:
             stride = tl.load(fields + 4 * j + 1)
             lo = tl.load(fields + 4 * j + 2)
             hi = tl.load(fields + 4 * j + 3)
-            if VEC:
-                stride, lo, hi = tl.multiple_of(stride, 8), tl.multiple_of(lo, 8), tl.multiple_of(hi, 8)
             if on & (((lo < c0 + offs.shape[0]) & (hi > c0)) | wrap):  # a block the piece misses: 4 loads
                 read = on & col_ok & (cols >= lo) & (cols < hi)
-                m = tl.where(read, _load_rows(addr, row * stride - lo, cols, read, code, OUT, VEC, SOFT), m)
+                m = tl.where(read, _load_rows(addr, row * stride - lo, cols, read, code, OUT, False, SOFT), m)
             j += 1
         return m
 
+    @triton.jit
+    def media_row_vec(fields, nblocks, row, width, code, col0, on, flags, WIDTH: tl.constexpr,
+                      GROUPS: tl.constexpr, OUT: tl.constexpr, SOFT: tl.constexpr):
+        """:func:`media_row` where the host promised whole 16-byte vectors (every address, row stride and block
+        bound): ``[GROUPS, 8]`` values, slab columns ``col0 + 8 * g + e``. A group of 8 columns lies in one
+        block, so its address is found first (the fields lie in the parameter block) and the piece is read in
+        one load, whatever blocks it spans: their rows are read in one round trip, not one after another."""
+        g = tl.arange(0, GROUPS) * 8
+        _, gcols = _source_cols(col0, g, width, (flags & K.F_MEDIA_TILED) != 0, False, True)
+        esize = tl.where(code == 2, 4, 2).to(tl.int64)
+        at = tl.zeros((GROUPS,), tl.int64)
+        j = 0
+        while j < nblocks:
+            addr, stride = tl.load(fields + 4 * j), tl.load(fields + 4 * j + 1)
+            lo, hi = tl.load(fields + 4 * j + 2), tl.load(fields + 4 * j + 3)
+            at = tl.where((gcols >= lo) & (gcols < hi), addr + (row * stride - lo + gcols) * esize, at)
+            j += 1
+        e = tl.arange(0, 8)
+        # (an item's blocks tile its width: a column within it has an address; the compares keep the mask the
+        # same over each group, which the 16-byte loads need)
+        read = on & (col0 + g[:, None] + e[None, :] < WIDTH) & (gcols[:, None] < width)
+        at = at[:, None] + (e * esize)[None, :]
+        if code == 2:
+            f32 = tl.max_contiguous(tl.multiple_of(at.to(tl.pointer_type(tl.float32)), [16, 16]), [1, 8])
+            x = cast_to(tl.load(f32, mask=read, other=0.0), OUT, SOFT)
+        else:  # fp16 and bf16 rows: one 16-bit load, its bits then read as the items' dtype
+            u16 = tl.max_contiguous(tl.multiple_of(at.to(tl.pointer_type(tl.uint16)), [16, 16]), [1, 8])
+            bits = tl.load(u16, mask=read, other=0)
+            if code == 1:
+                x = cast_to(bits.to(tl.bfloat16, bitcast=True), OUT, SOFT)
+            else:
+                x = cast_to(bits.to(tl.float16, bitcast=True), OUT, SOFT)
+        return x
+
 else:  # pragma: no cover
-    text_row = media_row = None
+    text_row = media_row = media_row_vec = None

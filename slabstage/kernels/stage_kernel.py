@@ -35,7 +35,7 @@ half the copy ceiling); walking ``PIECE`` columns keeps it near the vector arm's
 from __future__ import annotations
 
 from . import consts as K
-from .embed_rows import media_row, text_row
+from .embed_rows import media_row, media_row_vec, text_row
 from .params import FETCH_CHUNK, ITEM_CHUNK, TOK_BLOCK
 from .runtime import next_pow2, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
@@ -152,15 +152,17 @@ if triton is not None:
                     in_item = mi - tl.load(items + item)
                     fields = items + num_items + item * (nblocks * 4)
                     if (flags & K.F_MEDIA_VEC) != 0:
-                        m = media_row(fields, nblocks, in_item, tl.multiple_of(mwidth, 8), mcode, col0, offs,
-                                       read_media, col_ok, flags, OUT, True, K.SOFT)
-                        tl.store(dst + cols, m, mask=col_ok)
+                        GROUPS: tl.constexpr = BLOCK // 8
+                        m = media_row_vec(fields, nblocks, in_item, tl.multiple_of(mwidth, 8), mcode, col0, read_media,
+                                          flags, WIDTH, GROUPS, OUT, K.SOFT)
+                        at = col0 + tl.arange(0, GROUPS)[:, None] * 8 + tl.arange(0, 8)[None, :]
+                        tl.store(dst + at, m, mask=at < WIDTH)
                     else:
                         for p in range(0, BLOCK, PIECE):
                             po = tl.arange(0, PIECE)
                             ok = col0 + p + po < WIDTH
                             m = media_row(fields, nblocks, in_item, mwidth, mcode, col0 + p, po, read_media, ok, flags,
-                                           OUT, False, K.SOFT)
+                                          OUT, K.SOFT)
                             tl.store(dst + col0 + p + po, m, mask=ok)
                 elif read_text:
                     table, tstride = tl.load(params_ptr + K.H_TABLE), tl.load(params_ptr + K.H_TSTRIDE)
