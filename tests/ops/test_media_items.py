@@ -356,7 +356,7 @@ def test_odd_widths_and_block_splits(W, splits, device):
 @pytest.mark.parametrize("dtype, unit", [(F32, 512), (BF16, 512), (F16, 1024)])
 def test_programs_inside_one_column_block(dtype, unit, device):
     """Block widths in multiples of a unit (1 KiB of bf16 slab row), split differently per item: each program's
-    columns lie in one block of every item (the kernel skips the blocks it misses) and every row is right."""
+    columns lie in one block of every item (it reads no other block's rows) and every row is right."""
     g = gen(unit)
     W, V, n = 4 * unit, 19, 31
     splits = [(unit,) * 4, (2 * unit, unit, unit), (unit, 3 * unit), None, (W,), (3 * unit, unit)]
