@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # under -m slow also a bf16 slab of two blocks (8192), which takes no path these do not (a compile takes ~9 s)
 CONFIGS = ["4096:bf16", "4096:fp32"]
 SLOW_CONFIGS = ["8192:bf16"]
+# a slab one column wide: a program writes a piece of one column, which no vector arm can take, yet every arm
+# is compiled (an arm whose shapes come from the piece must still make sense there)
+TINY = ["1:bf16"]
 
 
 def compiled(configs):
@@ -33,8 +36,13 @@ def compiled(configs):
 
 
 @pytest.fixture(scope="module")
-def counts():
-    return compiled(CONFIGS)
+def compiled_all():
+    return compiled(CONFIGS + TINY)
+
+
+@pytest.fixture(scope="module")
+def counts(compiled_all):
+    return compiled_all[:len(CONFIGS)]
 
 
 def check_loads(counts):
@@ -57,6 +65,10 @@ def test_text_and_media_rows_read_with_16_byte_loads(counts):
 
 def test_registers_leave_room_for_five_programs_an_sm(counts):
     check_registers(counts)
+
+
+def test_a_slab_one_column_wide_compiles(compiled_all):
+    assert [(c["width"], c["block"]) for c in compiled_all[len(CONFIGS):]] == [(1, 1)]
 
 
 @pytest.mark.slow
