@@ -58,13 +58,13 @@ def runner_for(width):
 
 
 def flat(batch):
-    """``(tensors read with their strides, item blocks read with is_contiguous, host integer inputs)``."""
+    """``(tensors read with their strides, item blocks read with is_contiguous)``."""
     plain = [t for t in (batch.input_ids, batch.positions, batch.seq_lens, batch.extend_start_loc, batch.table,
                          batch.media_index) if t is not None]
     media = batch.media
     blocks = [media] if isinstance(media, _T) else list(chain.from_iterable(m if type(m) is tuple else (m,)
                                                                             for m in media))
-    return plain, blocks, [t for t in plain if t.device.type == "cpu"]
+    return plain, blocks
 
 
 class Floor:
@@ -79,6 +79,7 @@ class Floor:
         self.base = self.scratch.data_ptr()
         self.mv = memoryview((c_char * (8 * ring.words.size)).from_address(self.base)).cast("B")
         self.step = 0
+        self.packers = {}  # words -> struct.Struct (a block's length comes in few sizes)
         x = torch.zeros(N, 8, device=DEV)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
@@ -89,19 +90,22 @@ class Floor:
     def run(self, batch):
         reg = self.reg
         list(map(_ptr, reg)), list(map(_size, reg)), list(map(_stride, reg)), list(map(_dtype, reg))
-        plain, blocks, host = flat(batch)
+        plain, blocks = flat(batch)
         ts = plain + blocks
-        tuple(map(_dtype, ts)), tuple(map(_dev, ts)), tuple(map(_size, ts)), tuple(map(_stride, plain))
-        tuple(map(_dense, blocks))
+        dtypes, devs, sizes = tuple(map(_dtype, ts)), tuple(map(_dev, ts)), tuple(map(_size, ts))
+        tuple(map(_stride, plain)), tuple(map(_dense, blocks))
         ptrs = tuple(map(_ptr, ts))
         words = 64 + 4 * len(blocks)
+        packer = self.packers.get(words) or self.packers.setdefault(words, struct.Struct(f"<{words}q"))
         self.step = step = self.step + 1
         at = (step % self.k) * self.slot_words
-        struct.Struct(f"<{words}q").pack_into(self.mv, 8 * at, *ptrs, *[0] * (words - len(ptrs)))
+        packer.pack_into(self.mv, 8 * at, *ptrs, *[0] * (words - len(ptrs)))
         end = self.base + 8 * (at + words)
-        for t in host:
-            memmove(end, t.data_ptr(), t.numel() * t.element_size())
-            end += t.numel() * t.element_size()
+        for i in range(len(plain)):  # host integer inputs: their bytes into the block, from what was read
+            if devs[i] < 0:
+                nbytes = sizes[i].numel() * dtypes[i].itemsize
+                memmove(end, ptrs[i], nbytes)
+                end += nbytes
         self.graph.replay()
 
 

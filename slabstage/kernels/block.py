@@ -152,7 +152,7 @@ class BlockWriter:
             mw = plan.width
             if mw < self.width and c.expand == "repeat":
                 flags |= F_MEDIA_TILED if mw % self.block == 0 else F_MEDIA_WRAP
-            if plan.vec and not flags & F_MEDIA_WRAP and self.block >= 8:  # (whole 8-column groups)
+            if plan.vec and not flags & F_MEDIA_WRAP:
                 flags |= F_MEDIA_VEC
             values[H_NUM_MEDIA:H_ITEMS] = (plan.rows, len(plan.starts), plan.blocks, FLOAT_CODE[plan.dtype], mw)
         values[H_FLAGS] = flags

@@ -152,7 +152,8 @@ if triton is not None:
                     in_item = mi - tl.load(items + item)
                     fields = items + num_items + item * (nblocks * 4)
                     if (flags & K.F_MEDIA_VEC) != 0:
-                        GROUPS: tl.constexpr = (BLOCK + 7) // 8  # (the host promises nothing under 8)
+                        # (a piece under 8 columns is a whole row: its one group's store stops at WIDTH)
+                        GROUPS: tl.constexpr = (BLOCK + 7) // 8
                         m = media_row_vec(fields, nblocks, in_item, tl.multiple_of(mwidth, 8), mcode, col0, read_media,
                                           flags, WIDTH, GROUPS, OUT, K.SOFT)
                         at = col0 + tl.arange(0, GROUPS)[:, None] * 8 + tl.arange(0, 8)[None, :]
