@@ -8,10 +8,11 @@ Every function takes the model as loaded (``...ForConditionalGeneration``, ``...
 """
 
 from .forward import packed_attention_mask, prefill_forward
+from .generate import generate
 from .media import media_items
 from .mrope import mm_token_type_ids, mrope_positions
 from .pack import Request, pack_requests
 from .width import input_embeds_width
 
-__all__ = ["Request", "input_embeds_width", "media_items", "mm_token_type_ids", "mrope_positions",
+__all__ = ["Request", "generate", "input_embeds_width", "media_items", "mm_token_type_ids", "mrope_positions",
            "pack_requests", "packed_attention_mask", "prefill_forward"]

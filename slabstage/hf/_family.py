@@ -34,7 +34,7 @@ BARE_TEXT_OF_VLM = tuple(f"{f}_text" for f in MROPE_FAMILIES + DEEPSTACK_FAMILIE
 MIN_TRANSFORMERS = "5.1.0"
 # the entry points that run several packed sequences through one rotary call: there a rope whose frequencies
 # follow the longest position in the call would give every sequence the frequencies of the longest one
-PACKED_ROPE_ENTRY_POINTS = ("prefill_forward", "pack_requests")
+PACKED_ROPE_ENTRY_POINTS = ("prefill_forward", "pack_requests", "generate")
 
 
 @dataclass(frozen=True)

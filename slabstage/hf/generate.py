@@ -1,0 +1,225 @@
+"""Greedy generation through the staging buffers and the graph runner: the example of how an engine wires
+slabstage (prefill in chunks under a token budget, then decode steps), checked token for token against HF's
+``generate``.
+
+One scheduler step is one batch through :meth:`PrefillGraphRunner.run`: either prompt chunks packed under the
+token budget (a long prompt over several steps, several prompts in one) or a decode step (one new token for each
+running request, text rows only, staged by the same kernel). Every step writes its K and V into the paged KV
+cache at the staged ``out_cache_loc``; each row attends to its request's cached prefix and its own chunk. Only the
+last row of each request that completes its prompt (or decodes) goes through the LM head. The sampled ids are
+read back once per step: that read is the scheduler's one host sync (it needs them to build the next batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import torch
+
+from ..graph_runner.batch import PrefillBatch
+from ..graph_runner.runner import PrefillGraphRunner
+from ..staging.buffers import StagingBuffers
+from ._checks import as_prompt_ids
+from ._family import family_of, transformers_version
+from .forward import prefill_forward
+from .kv_cache import KVCache
+from .mrope import check_vlm_grids, grid_tensor, layout_of_rows, layout_rule, rope_index
+from .pack import Request, pack_requests
+from .width import input_embeds_width
+
+__all__ = ["generate", "decode_buckets"]
+
+
+def decode_buckets(max_running: int) -> list[int]:
+    """Batch sizes a decode step pads to: powers of two up to ``max_running`` (and it)."""
+    sizes, b = [], 1
+    while b < max_running:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_running]
+
+
+@dataclass
+class _Seq:
+    """One request while it runs: where its prompt stands, its KV-cache row, its new ids."""
+
+    index: int  # position in the caller's list
+    request: Request
+    length: int  # prompt tokens
+    row: int = -1  # its request row in the KV cache (-1: not admitted)
+    done: int = 0  # prompt tokens prefilled
+    delta: int = 0  # mrope: text position = token index + delta (HF's rope_deltas)
+    new: list = field(default_factory=list)
+
+
+def _eos_ids(model, eos_token_id) -> set:
+    if eos_token_id is None:
+        config = getattr(model, "generation_config", None)
+        eos_token_id = getattr(config, "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return {int(t) for t in eos_token_id}
+
+
+def _rope_delta(fam, request: Request, ids: torch.Tensor) -> int:
+    """HF's ``rope_deltas`` for one whole prompt: generated tokens take position ``index + delta``."""
+    L = ids.shape[0]
+    if request.mrope_positions is not None:
+        return int(request.mrope_positions.max()) + 1 - L
+    where = "slabstage.hf.generate:"
+    images, videos = check_vlm_grids(fam, request.image_grid_thw, request.video_grid_thw,
+                                     request.second_per_grid_ts, where)
+    rule = layout_rule(transformers_version() or "0")
+    if rule is None:
+        whole = rope_index(fam, ids, grid_tensor(images), grid_tensor(videos), request.second_per_grid_ts)
+        return int(whole.max()) + 1 - L
+    from ._checks import check_placeholders, placeholder_runs
+    runs = check_placeholders(placeholder_runs(ids.numpy(), fam.placeholder_ids, [0])[0], images, videos, where,
+                              fam.merge, fam.has_deepstack)
+    layout = layout_of_rows(fam, runs, images, videos, request.second_per_grid_ts, 0, L, rule)
+    return layout.position_delta(L)
+
+
+def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, token_budget: int = 256,
+             max_running: int | None = None, eos_token_id=None, graphs: bool = True,
+             buckets: Sequence[int] | None = None, runner_options: dict | None = None) -> list[list[int]]:
+    """Greedy new ids for each of ``requests`` (a list per request, in order), scheduled like an engine.
+
+    ``requests``: :class:`Request` s as :func:`pack_requests` takes them (their ``chunk`` is ignored: the
+    scheduler cuts the chunks). ``max_new_tokens``: at most that many new ids each; a request also stops after
+    an id in ``eos_token_id`` (default: the model's ``generation_config.eos_token_id``), which it includes, as
+    HF's ``generate`` does. ``token_budget``: the most prompt tokens one prefill step packs (and the staging
+    buffers' capacity); a prompt longer than what is left of it is prefilled over several steps.
+    ``max_running``: requests in flight at once (KV-cache rows; default all of them). ``graphs``: on CUDA,
+    capture the prefill buckets (``buckets``, default :func:`default_token_buckets` of the budget) and the
+    decode batch sizes (:func:`decode_buckets`) and replay them; on the host the runner runs eagerly.
+    ``runner_options``: further :class:`PrefillGraphRunner` keyword arguments.
+
+    Steps: admit waiting requests while cache rows are free; if any running request has prompt left, one
+    prefill step of chunks in arrival order under the budget; else one decode step for every running request.
+    """
+    fam = family_of(model, "generate")
+    requests = list(requests)
+    if not requests:
+        return []
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"slabstage.hf.generate: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
+        raise ValueError(f"slabstage.hf.generate: token_budget must be an int >= 1, got {token_budget!r}")
+    seqs = []
+    for k, req in enumerate(requests):
+        if not isinstance(req, Request):
+            raise TypeError(f"slabstage.hf.generate: request {k}: a request must be a slabstage.hf.Request, got "
+                            f"{type(req).__name__}")
+        ids = as_prompt_ids(req.input_ids, f"slabstage.hf.generate: request {k}:")
+        req = replace(req, input_ids=ids, chunk=None)
+        seqs.append(_Seq(k, req, ids.shape[0], delta=_rope_delta(fam, req, ids) if fam.is_vlm else 0))
+    pack_requests(model, [s.request for s in seqs])  # every request's checks before anything runs
+    running_cap = len(seqs) if max_running is None else max_running
+    if isinstance(running_cap, bool) or not isinstance(running_cap, int) or running_cap < 1:
+        raise ValueError(f"slabstage.hf.generate: max_running must be an int >= 1, got {max_running!r}")
+    running_cap = min(running_cap, len(seqs))
+    engine = _Engine(model, fam, running_cap, max(s.length for s in seqs) + max_new_tokens, token_budget, graphs,
+                     buckets, runner_options or {})
+    eos = _eos_ids(model, eos_token_id)
+    waiting, running = list(seqs), []
+    free = list(range(running_cap))
+    while waiting or running:
+        while waiting and free:
+            seq = waiting.pop(0)
+            seq.row = free.pop(0)
+            running.append(seq)
+        prefill = [s for s in running if s.done < s.length]
+        picked = engine.prefill(prefill) if prefill else engine.decode(running)
+        for seq, token in picked:
+            seq.new.append(token)
+            if token in eos or len(seq.new) >= max_new_tokens:
+                running.remove(seq)
+                free.append(seq.row)
+    return [s.new for s in seqs]
+
+
+class _Engine:
+    """The buffers, the KV cache and the runner of one :func:`generate` call, and its two kinds of step."""
+
+    def __init__(self, model, fam, max_running: int, max_context: int, budget: int, graphs: bool, buckets,
+                 options: dict) -> None:
+        lm_param = next(fam.language_model.parameters())
+        self.model, self.fam, self.budget = model, fam, budget
+        self.device, self.dtype = lm_param.device, lm_param.dtype
+        self.head = model.get_output_embeddings()
+        self.buffers = StagingBuffers.allocate(max_num_tokens=budget, max_batch_size=max_running,
+                                               embed_width=input_embeds_width(model), embed_dtype=self.dtype,
+                                               device=self.device, mrope=fam.is_vlm)
+        self.cache = KVCache.allocate(model, max_running, max_context)
+        try:
+            forward = prefill_forward(model, cache=self.cache)
+        except TypeError:
+            from ._standin import standin_forward
+            forward = standin_forward(model, self.cache)
+        ladder = sorted(set(decode_buckets(max_running)) | set(buckets or _prefill_buckets(budget)))
+        self.runner = PrefillGraphRunner(forward, self.buffers, buckets=[b for b in ladder if b <= budget],
+                                         enforce_eager=not graphs, **{"progress": False, **options})
+        if graphs and self.device.type == "cuda":
+            self.runner.capture()
+
+    def _cache_inputs(self, rows: list, starts: list, counts: list) -> dict:
+        """What a batch gives the KV cache: each request's cache row and tokens already cached, and the slots its
+        tokens ``[start, start + count)`` write (the cache's default layout)."""
+        loc = torch.cat([self.cache.slots(r, a, n) for r, a, n in zip(rows, starts, counts)])
+        return dict(out_cache_loc=loc, prefix_lens=torch.tensor(starts, dtype=torch.int32),
+                    req_indices=torch.tensor(rows, dtype=torch.int32))
+
+    def _sample(self, hidden: torch.Tensor, rows: list) -> list:
+        """Greedy ids of the hidden states at ``rows``: the LM head on those rows only; one read back."""
+        index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        logits = self.head(hidden.index_select(0, index)).float()
+        return logits.argmax(-1).tolist()  # the step's one host sync: the scheduler needs the ids
+
+    def prefill(self, seqs: list) -> list:
+        """One step of prompt chunks, in order, under the token budget: ``[(seq, first new id)]`` for the
+        requests whose prompt this step completes."""
+        left, chunks = self.budget, []
+        for seq in seqs:
+            if not left:
+                break
+            n = min(seq.length - seq.done, left)
+            chunks.append((seq, seq.done, seq.done + n))
+            left -= n
+        batch = pack_requests(self.model, [replace(s.request, chunk=(a, b)) for s, a, b in chunks])
+        batch = replace(batch, **self._cache_inputs([s.row for s, _, _ in chunks], [a for _, a, _ in chunks],
+                                                    [b - a for _, a, b in chunks]))
+        hidden = self.runner.run(batch)
+        rows, ends, finished = 0, [], []
+        for seq, a, b in chunks:
+            rows += b - a
+            seq.done = b
+            if b == seq.length:
+                ends.append(rows - 1)
+                finished.append(seq)
+        if not finished:
+            return []
+        return list(zip(finished, self._sample(hidden, ends)))
+
+    def decode(self, seqs: list) -> list:
+        """One decode step: each running request's last id at its next position: ``[(seq, new id)]``."""
+        last = torch.tensor([s.new[-1] for s in seqs], dtype=torch.int64)
+        where = [s.length + len(s.new) - 1 for s in seqs]  # the index of the token fed in
+        positions = torch.tensor(where, dtype=torch.int64)
+        mrope = None
+        if self.fam.is_vlm:
+            mrope = (positions + torch.tensor([s.delta for s in seqs], dtype=torch.int64)).expand(3, -1).contiguous()
+        batch = PrefillBatch(input_ids=last, positions=positions, table=self.fam.language_model.embed_tokens.weight,
+                             mrope_positions=mrope, seq_lens=torch.ones(len(seqs), dtype=torch.int32),
+                             extend_start_loc=torch.arange(len(seqs), dtype=torch.int32),
+                             **self._cache_inputs([s.row for s in seqs], where, [1] * len(seqs)))
+        hidden = self.runner.run(batch)
+        return list(zip(seqs, self._sample(hidden, list(range(len(seqs))))))
+
+
+def _prefill_buckets(budget: int) -> list[int]:
+    from ..graph_runner.buckets import default_token_buckets
+    return default_token_buckets(budget)
