@@ -28,7 +28,7 @@ from .mrope import check_vlm_grids, grid_tensor, layout_of_rows, layout_rule, ro
 from .pack import Request, pack_requests
 from .width import input_embeds_width
 
-__all__ = ["generate", "decode_buckets"]
+__all__ = ["generate", "decode_buckets", "hf_generate"]
 
 
 def decode_buckets(max_running: int) -> list[int]:
@@ -223,3 +223,17 @@ class _Engine:
 def _prefill_buckets(budget: int) -> list[int]:
     from ..graph_runner.buckets import default_token_buckets
     return default_token_buckets(budget)
+
+
+def hf_generate(model, max_new_tokens: int, eos_token_id=None, **inputs) -> list[int]:
+    """The reference: HF's own greedy ``model.generate(**inputs, do_sample=False)`` for one prompt
+    (``inputs``: ``input_ids [1, L]`` and its media keyword arguments), its new ids as a list."""
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) and k != "second_per_grid_ts" else v
+              for k, v in inputs.items()}
+    ids = inputs["input_ids"]
+    extra = {} if eos_token_id is None else dict(eos_token_id=eos_token_id)
+    with torch.no_grad():
+        out = model.generate(**inputs, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=0, **extra)
+    return out[0, ids.shape[1]:].tolist()

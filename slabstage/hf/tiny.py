@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FAMILIES", "tiny_model", "tiny_prompt"]
+__all__ = ["FAMILIES", "tiny_model", "tiny_prompt", "tiny_request"]
 
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 VOCAB = 96
@@ -119,3 +119,50 @@ def tiny_prompt(model, grids, *, text_lens=None, generator=None, dtype=None):
     if dtype is not None:
         pv = pv.to(dtype)
     return ids, pv, torch.tensor(grids, dtype=torch.int64)
+
+
+def tiny_request(model, images=(), videos=(), *, text_lens=None, seconds=None, generator=None, dtype=None):
+    """One request with ``images`` and then ``videos`` (``(t, h, w)`` grids), text around each: ``(request,
+    hf)``, where ``request`` is a :class:`slabstage.hf.Request` (items from the model's vision tower) and ``hf``
+    the keyword arguments HF's ``generate`` takes for the same prompt (``input_ids`` and the pixels, grids and
+    token types). A Qwen3-VL video's frames are parted by two text tokens (its timestamps), as its processor
+    does. ``seconds``: Qwen2.5-VL's ``second_per_grid_ts``, one per video. A text-only model takes neither
+    images nor videos (``text_lens[0]`` tokens of text)."""
+    from .media import media_items
+    from .mrope import mm_token_type_ids
+    from .pack import Request
+
+    g = generator or torch.Generator().manual_seed(0)
+    text_lens = list(text_lens or [5] * (len(images) + len(videos) + 1))
+    text = (lambda n: torch.randint(0, VISION_START - 8, (n,), generator=g))
+    block = (lambda token, rows: torch.cat([torch.tensor([VISION_START]), torch.full((rows,), token),
+                                            torch.tensor([VISION_END])]))
+    parts = [text(text_lens[0])]
+    frames = model.config.model_type.startswith("qwen3")
+    for k, (t, h, w) in enumerate(images):
+        parts += [block(IMAGE, t * h * w // MERGE ** 2), text(text_lens[k + 1])]
+    for k, (t, h, w) in enumerate(videos):
+        if frames:
+            parts += [torch.cat([text(2), block(VIDEO, h * w // MERGE ** 2)]) for _ in range(t)]
+        else:
+            parts.append(block(VIDEO, t * h * w // MERGE ** 2))
+        parts.append(text(text_lens[len(images) + k + 1]))
+    ids = torch.cat(parts)
+    hf = dict(input_ids=ids[None])
+    if not images and not videos:
+        return Request(ids), hf
+    device = next(model.parameters()).device
+    dtype = dtype or next(model.parameters()).dtype
+    pixels = (lambda grids: torch.randn(sum(t * h * w for t, h, w in grids), 3 * TEMPORAL * PATCH * PATCH,
+                                        generator=g).to(device, dtype))
+    igrid = torch.tensor(images, dtype=torch.int64) if images else None
+    vgrid = torch.tensor(videos, dtype=torch.int64) if videos else None
+    pv = pixels(images) if images else None
+    pvv = pixels(videos) if videos else None
+    items = media_items(model, pixel_values=pv, image_grid_thw=igrid, pixel_values_videos=pvv, video_grid_thw=vgrid)
+    hf.update(mm_token_type_ids=mm_token_type_ids(model, ids[None]))
+    for name, value in (("pixel_values", pv), ("image_grid_thw", igrid), ("pixel_values_videos", pvv),
+                        ("video_grid_thw", vgrid), ("second_per_grid_ts", seconds)):
+        if value is not None:
+            hf[name] = value
+    return Request(ids, items, image_grid_thw=igrid, video_grid_thw=vgrid, second_per_grid_ts=seconds), hf

@@ -1,0 +1,108 @@
+"""slabstage.hf.generate against HF's own greedy ``generate``, token for token.
+
+Tiny random models (slabstage.hf.tiny), fp32 on the host: prompts of several lengths (images and videos for the
+VLMs), packed several to a prefill step and cut into chunks by a small token budget (cuts inside images), at
+least 16 new tokens, and an EOS id that ends the requests at different lengths. Skipped without transformers.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import slabstage.hf as sshf  # noqa: E402
+from slabstage.hf.generate import decode_buckets, hf_generate  # noqa: E402
+from slabstage.hf.tiny import tiny_model, tiny_request  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+NEW = 16
+# per family: the prompts' (images, videos) and Qwen2.5-VL's seconds per video grid
+PROMPTS = {
+    "llama": [((), ()), ((), ()), ((), ())],
+    "qwen2": [((), ()), ((), ())],
+    "qwen3": [((), ()), ((), ()), ((), ())],
+    "qwen2_vl": [([(1, 4, 6)], ()), ([(1, 4, 4), (1, 6, 4)], [(2, 4, 4)]), ((), ())],
+    "qwen2_5_vl": [([(1, 4, 4)], [(2, 4, 6)]), ((), [(2, 4, 4), (3, 4, 4)]), ([(1, 6, 4)], ())],
+    "qwen3_vl": [([(1, 4, 6)], [(2, 4, 4)]), ([(1, 4, 4), (1, 6, 4)], ()), ((), [(3, 4, 4)])],
+}
+SECONDS = {1: [0.5, 2.0], 0: [1.0]}  # Qwen2.5-VL's second_per_grid_ts of the prompts with videos
+
+
+def _requests(model, family, seed=0, text=None):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k, (images, videos) in enumerate(PROMPTS[family]):
+        lens = text or [3 + 4 * k + j for j in range(len(images) + len(videos) + 1)]
+        if not images and not videos:
+            lens = [11 + 13 * k]  # text-only prompts of several lengths
+        seconds = torch.tensor(SECONDS[k]) if family == "qwen2_5_vl" and videos else None
+        out.append(tiny_request(model, images, videos, text_lens=lens, seconds=seconds, generator=g))
+    return out
+
+
+def _hf(model, prompts, eos=None):
+    return [hf_generate(model, NEW, eos_token_id=eos, **hf) for _, hf in prompts]
+
+
+@pytest.mark.parametrize("family", list(PROMPTS))
+def test_generate_equals_hf_generate(family):
+    """Packed and chunked prefill (the budget cuts prompts, images among them), then decode; an EOS id taken from
+    HF's own output ends the requests at different lengths."""
+    model = tiny_model(family, seed=3)
+    prompts = _requests(model, family)
+    free = _hf(model, prompts)
+    assert all(len(ids) == NEW for ids in free)
+    eos = free[0][NEW // 2]  # an id HF generates half way through the first request: it ends there (or earlier)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = 0
+    ref = _hf(model, prompts, eos)
+    assert len({len(ids) for ids in ref}) > 1 or len(ref[0]) < NEW  # the EOS ends them at different lengths
+    ours = sshf.generate(model, [r for r, _ in prompts], max_new_tokens=NEW, token_budget=24)
+    assert ours == ref
+    # without EOS: every request NEW ids, equal to HF's as well
+    assert sshf.generate(model, [r for r, _ in prompts], max_new_tokens=NEW, token_budget=24, eos_token_id=[]) \
+        == free
+
+
+def test_requests_queue_for_cache_rows_and_budgets_vary():
+    """Fewer cache rows than requests (a finished request's row is reused), and other budgets: same ids."""
+    model = tiny_model("qwen3_vl", seed=5)
+    prompts = _requests(model, "qwen3_vl", seed=2, text=[4, 9, 2, 6])
+    ref = _hf(model, prompts)
+    reqs = [r for r, _ in prompts]
+    for budget, running in ((7, 1), (64, 2), (200, None)):
+        assert sshf.generate(model, reqs, max_new_tokens=NEW, token_budget=budget, max_running=running) == ref
+
+
+def test_bad_arguments_are_refused():
+    model = tiny_model("qwen3")
+    req = sshf.Request(torch.arange(5))
+    for kw, match in ((dict(max_new_tokens=0), "max_new_tokens"), (dict(token_budget=True), "token_budget"),
+                      (dict(max_running=0), "max_running")):
+        with pytest.raises(ValueError, match=match):
+            sshf.generate(model, [req], **kw)
+    with pytest.raises(TypeError, match="request 1"):
+        sshf.generate(model, [req, torch.arange(3)])
+    assert sshf.generate(model, []) == []
+
+
+def test_decode_buckets():
+    assert decode_buckets(1) == [1]
+    assert decode_buckets(8) == [1, 2, 4, 8]
+    assert decode_buckets(12) == [1, 2, 4, 8, 12]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen2_5_vl", "qwen2", "llama"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_generate_through_graphs_on_cuda(family, dtype):
+    """Through captured graphs on the GPU: fp32 equals HF; bf16 reports where each request first differs."""
+    model = tiny_model(family, seed=3, device="cuda", dtype=dtype)
+    prompts = _requests(model, family)
+    ref = _hf(model, prompts, eos=[])
+    ours = sshf.generate(model, [r for r, _ in prompts], max_new_tokens=NEW, token_budget=24, eos_token_id=[])
+    if dtype == torch.float32:
+        assert ours == ref
+        return
+    first = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), None) for o, r in zip(ours, ref)]
+    print(f"{family} bf16: first differing new token per request (None: all equal): {first}")
