@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import threading
 
-import torch
-
 from ..kernels.packed_attention import packed_attention, packed_attention_reference, request_offsets
 
 __all__ = ["NAME", "Batch", "register", "active"]

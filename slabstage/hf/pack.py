@@ -213,7 +213,8 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
                 media_index = media_index.to(device)
     prefix_lens, req_indices, cache_loc = _cache_slots(requests, c.chunks, cache)
     return PrefillBatch(
-        input_ids=ids, out_cache_loc=cache_loc, prefix_lens=prefix_lens, req_indices=req_indices, positions=torch.from_numpy(positions), table=table,
+        input_ids=ids, positions=torch.from_numpy(positions), table=table, out_cache_loc=cache_loc,
+        prefix_lens=prefix_lens, req_indices=req_indices,
         mrope_positions=mrope, seq_lens=torch.from_numpy(np.array(seq_lens, dtype=np.int32)),
         extend_start_loc=torch.from_numpy(np.array(dst0, dtype=np.int32)), media=items or None,
         media_index=media_index, expand=expand)

@@ -40,7 +40,7 @@ def request_offsets(seq_lens, starts, prefix_lens, req_indices, count, block_m: 
 
 
 @triton.jit
-def _packed_attention_kernel(Q, K, V, KC, VC, TABLE, O, LENS, STARTS, PREFIX, REQ, TILE_END,
+def _packed_attention_kernel(Q, K, V, KC, VC, TABLE, OUT, LENS, STARTS, PREFIX, REQ, TILE_END,
                              sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, skc_s, skc_h, svc_s, svc_h, s_table,
                              num_requests, group, scale_log2,
                              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -104,7 +104,7 @@ def _packed_attention_kernel(Q, K, V, KC, VC, TABLE, O, LENS, STARTS, PREFIX, RE
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(O + rows[:, None] * so_t + h * so_h + offs_d[None, :], out.to(O.dtype.element_ty),
+        tl.store(OUT + rows[:, None] * so_t + h * so_h + offs_d[None, :], out.to(OUT.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
 
 
