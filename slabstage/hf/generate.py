@@ -155,11 +155,7 @@ class _Engine:
                                                embed_width=input_embeds_width(model), embed_dtype=self.dtype,
                                                device=self.device, mrope=fam.is_vlm)
         self.cache = KVCache.allocate(model, max_running, max_context)
-        try:
-            forward = prefill_forward(model, cache=self.cache)
-        except TypeError:
-            from ._standin import standin_forward
-            forward = standin_forward(model, self.cache)
+        forward = prefill_forward(model, cache=self.cache)
         ladder = sorted(set(decode_buckets(max_running)) | set(buckets or _prefill_buckets(budget)))
         self.runner = PrefillGraphRunner(forward, self.buffers, buckets=[b for b in ladder if b <= budget],
                                          enforce_eager=not graphs, **{"progress": False, **options})
@@ -189,9 +185,8 @@ class _Engine:
             n = min(seq.length - seq.done, left)
             chunks.append((seq, seq.done, seq.done + n))
             left -= n
-        batch = pack_requests(self.model, [replace(s.request, chunk=(a, b)) for s, a, b in chunks])
-        batch = replace(batch, **self._cache_inputs([s.row for s, _, _ in chunks], [a for _, a, _ in chunks],
-                                                    [b - a for _, a, b in chunks]))
+        batch = pack_requests(self.model, [replace(s.request, chunk=(a, b), req_index=s.row) for s, a, b in chunks],
+                              cache=self.cache)
         hidden = self.runner.run(batch)
         rows, ends, finished = 0, [], []
         for seq, a, b in chunks:
