@@ -28,7 +28,7 @@ from .mrope import check_vlm_grids, grid_tensor, layout_of_rows, layout_rule, ro
 from .pack import Request, pack_requests
 from .width import input_embeds_width
 
-__all__ = ["generate", "decode_buckets", "hf_generate"]
+__all__ = ["Generator", "generate", "decode_buckets", "hf_generate"]
 
 
 def decode_buckets(max_running: int) -> list[int]:
@@ -98,69 +98,90 @@ def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, to
     decode batch sizes (:func:`decode_buckets`) and replay them; on the host the runner runs eagerly.
     ``runner_options``: further :class:`PrefillGraphRunner` keyword arguments.
 
+    Builds a :class:`Generator` for these requests (buffers, cache, graphs) and runs it; an engine keeps one.
     Steps: admit waiting requests while cache rows are free; if any running request has prompt left, one
     prefill step of chunks in arrival order under the budget; else one decode step for every running request.
     """
-    fam = family_of(model, "generate")
     requests = list(requests)
     if not requests:
+        family_of(model, "generate")
         return []
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"slabstage.hf.generate: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
-        raise ValueError(f"slabstage.hf.generate: token_budget must be an int >= 1, got {token_budget!r}")
-    seqs = []
-    for k, req in enumerate(requests):
-        if not isinstance(req, Request):
-            raise TypeError(f"slabstage.hf.generate: request {k}: a request must be a slabstage.hf.Request, got "
-                            f"{type(req).__name__}")
-        ids = as_prompt_ids(req.input_ids, f"slabstage.hf.generate: request {k}:")
-        req = replace(req, input_ids=ids, chunk=None)
-        seqs.append(_Seq(k, req, ids.shape[0], delta=_rope_delta(fam, req, ids) if fam.is_vlm else 0))
-    pack_requests(model, [s.request for s in seqs])  # every request's checks before anything runs
-    running_cap = len(seqs) if max_running is None else max_running
-    if isinstance(running_cap, bool) or not isinstance(running_cap, int) or running_cap < 1:
-        raise ValueError(f"slabstage.hf.generate: max_running must be an int >= 1, got {max_running!r}")
-    running_cap = min(running_cap, len(seqs))
-    engine = _Engine(model, fam, running_cap, max(s.length for s in seqs) + max_new_tokens, token_budget, graphs,
-                     buckets, runner_options or {})
-    eos = _eos_ids(model, eos_token_id)
-    waiting, running = list(seqs), []
-    free = list(range(running_cap))
-    while waiting or running:
-        while waiting and free:
-            seq = waiting.pop(0)
-            seq.row = free.pop(0)
-            running.append(seq)
-        prefill = [s for s in running if s.done < s.length]
-        picked = engine.prefill(prefill) if prefill else engine.decode(running)
-        for seq, token in picked:
-            seq.new.append(token)
-            if token in eos or len(seq.new) >= max_new_tokens:
-                running.remove(seq)
-                free.append(seq.row)
-    return [s.new for s in seqs]
+    _check_int("max_new_tokens", max_new_tokens)
+    running = len(requests) if max_running is None else _check_int("max_running", max_running)
+    lengths = [as_prompt_ids(r.input_ids, f"slabstage.hf.generate: request {k}:").shape[0]
+               if isinstance(r, Request) else 1 for k, r in enumerate(requests)]
+    engine = Generator(model, max_running=min(running, len(requests)), max_context=max(lengths) + max_new_tokens,
+                       token_budget=token_budget, graphs=graphs, buckets=buckets, runner_options=runner_options)
+    return engine.generate(requests, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
 
 
-class _Engine:
-    """The buffers, the KV cache and the runner of one :func:`generate` call, and its two kinds of step."""
+def _check_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"slabstage.hf.generate: {name} must be an int >= 1, got {value!r}")
+    return value
 
-    def __init__(self, model, fam, max_running: int, max_context: int, budget: int, graphs: bool, buckets,
-                 options: dict) -> None:
+
+class Generator:
+    """The staging buffers, KV cache and graph runner that :func:`generate` schedules over, kept across calls
+    (an engine allocates and captures once): ``max_running`` requests in flight (KV-cache rows) of at most
+    ``max_context`` tokens (prompt and new ids), ``token_budget`` tokens a prefill step; ``graphs``,
+    ``buckets``, ``runner_options`` as :func:`generate` takes them. Captures on construction on CUDA."""
+
+    def __init__(self, model, *, max_running: int, max_context: int, token_budget: int = 256, graphs: bool = True,
+                 buckets: Sequence[int] | None = None, runner_options: dict | None = None) -> None:
+        fam = family_of(model, "generate")
+        for name, value in (("max_running", max_running), ("max_context", max_context),
+                            ("token_budget", token_budget)):
+            _check_int(name, value)
         lm_param = next(fam.language_model.parameters())
-        self.model, self.fam, self.budget = model, fam, budget
+        self.model, self.fam, self.budget, self.max_running = model, fam, token_budget, max_running
         self.device, self.dtype = lm_param.device, lm_param.dtype
         self.head = model.get_output_embeddings()
-        self.buffers = StagingBuffers.allocate(max_num_tokens=budget, max_batch_size=max_running,
+        self.buffers = StagingBuffers.allocate(max_num_tokens=token_budget, max_batch_size=max_running,
                                                embed_width=input_embeds_width(model), embed_dtype=self.dtype,
                                                device=self.device, mrope=fam.is_vlm)
         self.cache = KVCache.allocate(model, max_running, max_context)
         forward = prefill_forward(model, cache=self.cache)
-        ladder = sorted(set(decode_buckets(max_running)) | set(buckets or _prefill_buckets(budget)))
-        self.runner = PrefillGraphRunner(forward, self.buffers, buckets=[b for b in ladder if b <= budget],
-                                         enforce_eager=not graphs, **{"progress": False, **options})
+        ladder = sorted(set(decode_buckets(max_running)) | set(buckets or _prefill_buckets(token_budget)))
+        self.runner = PrefillGraphRunner(forward, self.buffers, buckets=[b for b in ladder if b <= token_budget],
+                                         enforce_eager=not graphs, **{"progress": False, **(runner_options or {})})
         if graphs and self.device.type == "cuda":
             self.runner.capture()
+
+    def generate(self, requests: Sequence[Request], *, max_new_tokens: int = 32, eos_token_id=None) -> list:
+        """:func:`generate` over this generator's buffers, cache and graphs."""
+        fam, where = self.fam, "slabstage.hf.generate:"
+        _check_int("max_new_tokens", max_new_tokens)
+        seqs = []
+        for k, req in enumerate(requests):
+            if not isinstance(req, Request):
+                raise TypeError(f"{where} request {k}: a request must be a slabstage.hf.Request, got "
+                                f"{type(req).__name__}")
+            ids = as_prompt_ids(req.input_ids, f"{where} request {k}:")
+            if ids.shape[0] + max_new_tokens > self.cache.max_context:
+                raise ValueError(f"{where} request {k}: {ids.shape[0]} prompt tokens and {max_new_tokens} new ones "
+                                 f"exceed the cache's max_context of {self.cache.max_context}")
+            req = replace(req, input_ids=ids, chunk=None, req_index=None)
+            seqs.append(_Seq(k, req, ids.shape[0], delta=_rope_delta(fam, req, ids) if fam.is_vlm else 0))
+        if not seqs:
+            return []
+        pack_requests(self.model, [s.request for s in seqs])  # every request's checks before anything runs
+        eos = _eos_ids(self.model, eos_token_id)
+        waiting, running = list(seqs), []
+        free = list(range(self.max_running))
+        while waiting or running:
+            while waiting and free:
+                seq = waiting.pop(0)
+                seq.row = free.pop(0)
+                running.append(seq)
+            prefill = [s for s in running if s.done < s.length]
+            picked = self._prefill(prefill) if prefill else self._decode(running)
+            for seq, token in picked:
+                seq.new.append(token)
+                if token in eos or len(seq.new) >= max_new_tokens:
+                    running.remove(seq)
+                    free.append(seq.row)
+        return [s.new for s in seqs]
 
     def _cache_inputs(self, rows: list, starts: list, counts: list) -> dict:
         """What a batch gives the KV cache: each request's cache row and tokens already cached, and the slots its
@@ -175,7 +196,7 @@ class _Engine:
         logits = self.head(hidden.index_select(0, index)).float()
         return logits.argmax(-1).tolist()  # the step's one host sync: the scheduler needs the ids
 
-    def prefill(self, seqs: list) -> list:
+    def _prefill(self, seqs: list) -> list:
         """One step of prompt chunks, in order, under the token budget: ``[(seq, first new id)]`` for the
         requests whose prompt this step completes."""
         left, chunks = self.budget, []
@@ -199,7 +220,7 @@ class _Engine:
             return []
         return list(zip(finished, self._sample(hidden, ends)))
 
-    def decode(self, seqs: list) -> list:
+    def _decode(self, seqs: list) -> list:
         """One decode step: each running request's last id at its next position: ``[(seq, new id)]``."""
         last = torch.tensor([s.new[-1] for s in seqs], dtype=torch.int64)
         where = [s.length + len(s.new) - 1 for s in seqs]  # the index of the token fed in
