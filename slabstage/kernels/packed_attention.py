@@ -15,6 +15,8 @@ PyTorch path (a loop over requests, SDPA each; reads the lengths on the host) fo
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -40,12 +42,51 @@ def request_offsets(seq_lens, starts, prefix_lens, req_indices, count, block_m: 
 
 
 @triton.jit
+def _softmax_step(q, k, v, valid, acc, m_i, l_i, scale_log2, PRECISION: tl.constexpr):
+    """One key tile of the online softmax: ``(acc, m_i, l_i)`` after keys ``k``/values ``v`` (``valid``: which
+    (query, key) pairs count), fp32."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: nothing to scale
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _prefix_tile(q, acc, m_i, l_i, n0, prefix, table, KC, VC, skc_s, skc_h, svc_s, svc_h, kvh, offs_d, d_ok,
+                 scale_log2, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < prefix
+    slot = tl.load(table + offs_n, mask=n_ok, other=0).to(tl.int64)
+    kv_ok = n_ok[:, None] & d_ok[None, :]
+    k = tl.load(KC + slot[:, None] * skc_s + kvh * skc_h + offs_d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(VC + slot[:, None] * svc_s + kvh * svc_h + offs_d[None, :], mask=kv_ok, other=0.0)
+    return _softmax_step(q, k, v, n_ok[None, :], acc, m_i, l_i, scale_log2, PRECISION)
+
+
+@triton.jit
+def _chunk_tile(q, acc, m_i, l_i, n0, length, start, offs_m, K, V, sk_t, sk_h, sv_t, sv_h, kvh, offs_d, d_ok,
+                scale_log2, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < length
+    keys = (start + offs_n).to(tl.int64)
+    kv_ok = n_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + keys[:, None] * sk_t + kvh * sk_h + offs_d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(V + keys[:, None] * sv_t + kvh * sv_h + offs_d[None, :], mask=kv_ok, other=0.0)
+    valid = n_ok[None, :] & (offs_n[None, :] <= offs_m[:, None])
+    return _softmax_step(q, k, v, valid, acc, m_i, l_i, scale_log2, PRECISION)
+
+
+@triton.jit
 def _packed_attention_kernel(Q, K, V, KC, VC, TABLE, OUT, LENS, STARTS, PREFIX, REQ, TILE_END,
                              sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, skc_s, skc_h, svc_s, svc_h, s_table,
                              num_requests, group, scale_log2,
                              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, HAS_CACHE: tl.constexpr,
-                             PRECISION: tl.constexpr):
+                             PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     rr = tl.arange(0, BLOCK_B)
@@ -70,39 +111,27 @@ def _packed_attention_kernel(Q, K, V, KC, VC, TABLE, OUT, LENS, STARTS, PREFIX, 
         if HAS_CACHE:  # the cached prefix: every row sees all of it
             prefix = tl.load(PREFIX + r)
             table = TABLE + tl.load(REQ + r).to(tl.int64) * s_table
-            for n0 in range(0, prefix, BLOCK_N):
-                offs_n = n0 + tl.arange(0, BLOCK_N)
-                n_ok = offs_n < prefix
-                slot = tl.load(table + offs_n, mask=n_ok, other=0).to(tl.int64)
-                k = tl.load(KC + slot[:, None] * skc_s + kvh * skc_h + offs_d[None, :],
-                            mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-                s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-                s = tl.where(n_ok[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                p = tl.math.exp2(s - m_new[:, None])
-                alpha = tl.math.exp2(m_i - m_new)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(VC + slot[:, None] * svc_s + kvh * svc_h + offs_d[None, :],
-                            mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-                m_i = m_new
+            if INTERPRET:  # (the interpreter takes no loaded loop bound in range())
+                n0 = 0
+                while n0 < prefix:
+                    acc, m_i, l_i = _prefix_tile(q, acc, m_i, l_i, n0, prefix, table, KC, VC, skc_s, skc_h, svc_s,
+                                                 svc_h, kvh, offs_d, d_ok, scale_log2, BLOCK_N, PRECISION)
+                    n0 += BLOCK_N
+            else:
+                for n0 in range(0, prefix, BLOCK_N):
+                    acc, m_i, l_i = _prefix_tile(q, acc, m_i, l_i, n0, prefix, table, KC, VC, skc_s, skc_h, svc_s,
+                                                 svc_h, kvh, offs_d, d_ok, scale_log2, BLOCK_N, PRECISION)
         stop = tl.minimum(length, m0 + BLOCK_M)  # the chunk itself, causal
-        for n0 in range(0, stop, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < length
-            keys = (start + offs_n).to(tl.int64)
-            k = tl.load(K + keys[:, None] * sk_t + kvh * sk_h + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :],
-                        other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-            s = tl.where(n_ok[None, :] & (offs_n[None, :] <= offs_m[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.math.exp2(s - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + keys[:, None] * sv_t + kvh * sv_h + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :],
-                        other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+        if INTERPRET:
+            n0 = 0
+            while n0 < stop:
+                acc, m_i, l_i = _chunk_tile(q, acc, m_i, l_i, n0, length, start, offs_m, K, V, sk_t, sk_h, sv_t, sv_h,
+                                            kvh, offs_d, d_ok, scale_log2, BLOCK_N, PRECISION)
+                n0 += BLOCK_N
+        else:
+            for n0 in range(0, stop, BLOCK_N):
+                acc, m_i, l_i = _chunk_tile(q, acc, m_i, l_i, n0, length, start, offs_m, K, V, sk_t, sk_h, sv_t, sv_h,
+                                            kvh, offs_d, d_ok, scale_log2, BLOCK_N, PRECISION)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(OUT + rows[:, None] * so_t + h * so_h + offs_d[None, :], out.to(OUT.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
@@ -115,6 +144,10 @@ def _config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     if head_dim <= 64:
         return 128, 64, 4, 3
     return 128, 64, 8, 2
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def block_m_for(head_dim: int, dtype: torch.dtype) -> int:
@@ -142,7 +175,8 @@ def packed_attention(q, k, v, offsets, scale: float, k_cache=None, v_cache=None,
         B, group, scale * 1.4426950408889634,
         HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_B=triton.next_power_of_2(B), HAS_CACHE=has_cache,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRET=_interpreting(),
+        num_warps=warps, num_stages=stages)
     return out
 
 
