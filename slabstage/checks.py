@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 
 import torch
 
@@ -26,6 +27,7 @@ __all__ = [
     "check_fill",
     "check_int",
     "check_real",
+    "check_float32",
     "check_tensor",
     "overlap_message",
     "byte_span",
@@ -39,6 +41,7 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 class NotAnIntError(TypeError, ValueError):
@@ -102,6 +105,17 @@ def check_real(name: str, v: object, *, finite: bool = True, lo: float | None = 
         raise ValueError(f"{name} must be a finite number{_bounds(lo, hi)}, got {v!r} (past float range)") from None
     if (finite and not math.isfinite(f)) or (lo is not None and not f >= lo) or (hi is not None and not f <= hi):
         raise ValueError(f"{name} must be {'a finite' if finite else 'a real'} number{_bounds(lo, hi)}, got {f}")
+    return f
+
+
+def check_float32(name: str, v: object) -> float:
+    """``v`` as a Python float that float32 holds finite (what a kernel reads as an fp32 argument): the rules
+    of :func:`check_real`, then a value float32 would round to inf raises ``ValueError``."""
+    f = check_real(name, v)
+    try:
+        struct.pack("<f", f)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite number within float32's range (+-{F32_MAX:g}), got {f}") from None
     return f
 
 

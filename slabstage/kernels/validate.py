@@ -19,7 +19,7 @@ import math
 from itertools import chain
 from typing import NamedTuple
 
-from ..checks import INT32_MAX, check_int, check_real, check_tensor, check_values, vocab_bounds
+from ..checks import F32_MAX, INT32_MAX, check_float32, check_int, check_tensor, check_values, vocab_bounds
 from ..staging.slots import REQUESTS, ROWS
 from .configuration import (ELEM, EXPAND, INDEX, LAYOUT_SLOT, MEDIA, OWNER, RANGE, SCALE, SIZE, SOURCES, TABLE,
                             Config, configuration, fields_of)
@@ -122,8 +122,8 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     elif plan is not None:
         raise ValueError("media was given without media_index: say which rows are media rows")
     scale = vals[SCALE]
-    if scale is not None and not (type(scale) is float and math.isfinite(scale)):
-        scale = check_real("text_scale", scale)
+    if scale is not None and not (type(scale) is float and math.isfinite(scale) and abs(scale) <= F32_MAX):
+        scale = check_float32("text_scale", scale)
     if vals[RANGE] is None and vals[SIZE] is None and rows <= INT32_MAX:
         bounds = (0, rows, rows)
     else:
