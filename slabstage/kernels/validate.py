@@ -100,7 +100,7 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
             if any(t is not None for t in dst.slots):
                 raise ValueError("mrope_positions given but the buffers were allocated without mrope=True")
         else:
-            segments = mrope_segments(layouts, n)
+            segments = mrope_segments(layouts, n, dst.slots[LAYOUT_SLOT].dtype)
     if not embed:
         _clear(dst, spans)
         return Checked(config, n, b, pad_to, vals, reads, segments=segments)
