@@ -23,6 +23,7 @@ __all__ = [
     "INT_DTYPES",
     "INT32_MAX",
     "check_bool",
+    "check_not_meta",
     "check_choice",
     "check_fill",
     "check_int",
@@ -130,6 +131,17 @@ def check_choice(name: str, v: object, choices: tuple) -> object:
     if not any(v == c and type(v) is type(c) for c in choices):
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {v!r}")
     return v
+
+
+def check_not_meta(run, names, args: tuple) -> None:
+    """A custom op's fake implementation given real ``meta`` tensors (not a tracer's fake tensors, which report
+    the device they stand for) raises what the op itself raises for them: ``run(*args)`` is the op's
+    implementation, which checks every tensor before anything is written; ``ValueError`` naming the first
+    meta tensor (``names``: the op's argument names) if it does not raise."""
+    meta = [name for name, a in zip(names, args) if isinstance(a, torch.Tensor) and a.device.type == "meta"]
+    if meta:
+        run(*args)
+        raise ValueError(f"{meta[0]} is on meta: a staging op reads and writes real memory")
 
 
 def _dtype_names(dtypes) -> str:
