@@ -266,9 +266,11 @@ def _span(low, high, a: int, b: int) -> tuple[int, int]:
 
 
 def mrope_from_segments(words: Sequence[int], n: int, device=None) -> torch.Tensor:
-    """``int64[3, n]``: the positions the kernel writes from the segment list ``words`` (PyTorch reference)."""
-    segs = torch.tensor(words, dtype=torch.int64).view(-1, SEGMENT_WORDS)
-    rows = torch.arange(n, dtype=torch.int64)
+    """``int64[3, n]`` on ``device`` (default: the host, whatever torch's default device is): the positions the
+    kernel writes from the segment list ``words`` (PyTorch reference)."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    segs = torch.tensor(words, dtype=torch.int64, device=device).view(-1, SEGMENT_WORDS)
+    rows = torch.arange(n, dtype=torch.int64, device=device)
     seg = torch.searchsorted(segs[:, 0].contiguous(), rows, right=True) - 1
     row0, base, area, lw, q0, code, word = (segs[seg, k] for k in range(7))
     text = area == 0
@@ -281,5 +283,4 @@ def mrope_from_segments(words: Sequence[int], n: int, device=None) -> torch.Tens
                            torch.where(code == I_F32, (i.to(torch.float32) * f32).to(torch.int64),
                                        (i.to(torch.float64) * f64).to(torch.int64)))
     out = torch.stack([base + temporal, base + (q % area) // lw, base + q % lw])
-    out = torch.where(text, rows + base, out)
-    return out.to(device) if device is not None else out
+    return torch.where(text, rows + base, out)
