@@ -109,8 +109,7 @@ def _generate(model, family: str, dtype, args) -> int:
     ``slabstage.hf.generate`` (prefill chunks of 32 tokens, decode steps; CUDA graphs on a GPU) beside HF's
     ``generate``: the new ids of each and the verdict. fp32 must match token for token; bf16 says where
     each request first differs (rounding in a different order may flip a greedy pick)."""
-    import slabstage.hf as sshf
-    from slabstage.hf.generate import hf_generate
+    from slabstage.hf.generate import Generator, hf_generate
     from slabstage.hf.tiny import tiny_request
 
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -118,12 +117,17 @@ def _generate(model, family: str, dtype, args) -> int:
     shapes = [([(1, 4, 6)], ()), ([(1, 4, 4)], [(2, 4, 4)]), ((), ())] if vlm else [((), ())] * 3
     prompts = [tiny_request(model, images, videos, text_lens=[4 + 7 * k] * (len(images) + len(videos) + 1),
                             generator=g) for k, (images, videos) in enumerate(shapes)]
+    context = max(r.input_ids.shape[0] for r, _ in prompts) + args.new_tokens
+    gen = Generator(model, max_running=len(prompts), max_context=context, token_budget=32)
     start = time.perf_counter()
-    ours = sshf.generate(model, [r for r, _ in prompts], max_new_tokens=args.new_tokens, token_budget=32)
+    ours = gen.generate([r for r, _ in prompts], max_new_tokens=args.new_tokens)
     seconds = time.perf_counter() - start
     eos = model.generation_config.eos_token_id
+    stats = gen.runner.stats()
+    replays = sum(stats["replays"].values())
+    steps = replays + sum(stats["eager"].values())
     print(f"generate: {len(prompts)} prompts, up to {args.new_tokens} new tokens each, prefill chunks of at most "
-          f"32 tokens, {'CUDA graphs' if model.device.type == 'cuda' else 'eager'}, {seconds:.2f} s")
+          f"32 tokens: {steps} steps, {replays} replayed from CUDA graphs, {seconds:.2f} s")
     bad = 0
     for k, (req, hf) in enumerate(prompts):
         ref = hf_generate(model, args.new_tokens, eos_token_id=eos, **hf)

@@ -107,3 +107,29 @@ def test_generate_through_graphs_on_cuda(family, dtype):
         return
     first = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), None) for o, r in zip(ours, ref)]
     print(f"{family} bf16: first differing new token per request (None: all equal): {first}")
+
+
+@pytest.mark.cuda
+def test_one_host_sync_a_step_on_cuda():
+    """Under CUDA's sync debug mode, a generation syncs the host at most once a step (the ids read back)."""
+    import warnings
+
+    from slabstage.hf.generate import Generator
+
+    model = tiny_model("qwen3_vl", seed=3, device="cuda")
+    requests = [r for r, _ in _requests(model, "qwen3_vl")]
+    gen = Generator(model, max_running=len(requests), max_context=256, token_budget=24)
+    gen.generate(requests, max_new_tokens=4, eos_token_id=[])  # warm-up
+    before = sum(gen.runner.stats()["replays"].values()) + sum(gen.runner.stats()["eager"].values())
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            gen.generate(requests, max_new_tokens=NEW, eos_token_id=[])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    stats = gen.runner.stats()
+    steps = sum(stats["replays"].values()) + sum(stats["eager"].values()) - before
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    assert steps > NEW and stats["replays"] and len(syncs) <= steps, (steps, [str(w.message) for w in syncs[:5]])
