@@ -39,6 +39,12 @@ MODELS = {
 }
 GRID = (1, 32, 56)
 REQUESTS, NEW, PROMPT = 8, 64, 1024
+DEVICE, DTYPE = "cuda", torch.bfloat16
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def _prompts(model, name: str, g):
@@ -53,14 +59,14 @@ def _prompts(model, name: str, g):
         ids = torch.cat([text[0], torch.tensor([VISION_START]), torch.full((rows,), IMAGE), torch.tensor([VISION_END]),
                          text[1]])
         pixels = torch.randn(GRID[0] * GRID[1] * GRID[2], 3 * TEMPORAL * PATCH * PATCH, generator=g)
-        out.append((ids, pixels.to("cuda", torch.bfloat16)))
+        out.append((ids, pixels.to(DEVICE, DTYPE)))
     return out
 
 
 def _ours(model, gen, prompts, new: int):
     """Encoder (media_items) and generation, timed together; returns (seconds, ids)."""
     grid = torch.tensor([GRID])
-    torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     if prompts[0][1] is None:
         requests = [sshf.Request(ids) for ids, _ in prompts]
@@ -68,7 +74,7 @@ def _ours(model, gen, prompts, new: int):
         items = _items(model, prompts)
         requests = [sshf.Request(ids, [item], image_grid_thw=grid) for (ids, _), item in zip(prompts, items)]
     out = gen.generate(requests, max_new_tokens=new, eos_token_id=[])
-    torch.cuda.synchronize()
+    _sync()
     return time.perf_counter() - start, out
 
 
@@ -81,10 +87,10 @@ def _encoder(model, prompts):
     """The vision tower's time alone (0 for a text model)."""
     if prompts[0][1] is None:
         return 0.0
-    torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     _items(model, prompts)
-    torch.cuda.synchronize()
+    _sync()
     return time.perf_counter() - start
 
 
@@ -96,22 +102,22 @@ def _hf(model, prompts, new: int):
     for k, (p, _) in enumerate(prompts):
         ids[k, L - p.shape[0]:] = p
         mask[k, L - p.shape[0]:] = 1
-    kw = dict(input_ids=ids.cuda(), attention_mask=mask.cuda())
+    kw = dict(input_ids=ids.to(DEVICE), attention_mask=mask.to(DEVICE))
     if prompts[0][1] is not None:
         kw.update(pixel_values=torch.cat([p for _, p in prompts]),
-                  image_grid_thw=torch.tensor([GRID] * len(prompts)).cuda(),
-                  mm_token_type_ids=sshf.mm_token_type_ids(model, ids).cuda())
-    torch.cuda.synchronize()
+                  image_grid_thw=torch.tensor([GRID] * len(prompts)).to(DEVICE),
+                  mm_token_type_ids=sshf.mm_token_type_ids(model, ids).to(DEVICE))
+    _sync()
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(**kw, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-    torch.cuda.synchronize()
+    _sync()
     return time.perf_counter() - start, out[:, L:].tolist()
 
 
 def run(name: str, rounds: int) -> dict:
     cfg = dict(MODELS[name])
-    model = tiny_model(cfg.pop("family"), **cfg, dtype=torch.bfloat16, device="cuda")
+    model = tiny_model(cfg.pop("family"), **cfg, dtype=DTYPE, device=DEVICE)
     model.generation_config.eos_token_id = None
     prompts = _prompts(model, name, torch.Generator().manual_seed(0))
     budget = sum(ids.shape[0] for ids, _ in prompts)
@@ -149,7 +155,7 @@ def run(name: str, rounds: int) -> dict:
         total_ms=round(med["ours"] * 1e3, 1), hf_total_ms=round(med["hf"] * 1e3, 1),
         first_differing_token=first,
         targets=dict(ttft_speedup=1.5, decode_speedup=3.0),
-        torch=torch.__version__, device=torch.cuda.get_device_name(),
+        torch=torch.__version__, device=torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
     )
     print("RESULT " + json.dumps(result), flush=True)
     return result
