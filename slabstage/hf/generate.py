@@ -190,11 +190,9 @@ class Generator:
         return dict(out_cache_loc=loc, prefix_lens=torch.tensor(starts, dtype=torch.int32),
                     req_indices=torch.tensor(rows, dtype=torch.int32))
 
-    def _sample(self, hidden: torch.Tensor, rows: list) -> list:
-        """Greedy ids of the hidden states at ``rows``: the LM head on those rows only; one read back."""
-        index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-        logits = self.head(hidden.index_select(0, index)).float()
-        return logits.argmax(-1).tolist()  # the step's one host sync: the scheduler needs the ids
+    def _sample(self, hidden: torch.Tensor) -> list:
+        """Greedy ids of ``hidden`` (the rows to sample, one a request): the LM head on them; one read back."""
+        return self.head(hidden).float().argmax(-1).tolist()  # the step's one host sync: the scheduler needs them
 
     def _prefill(self, seqs: list) -> list:
         """One step of prompt chunks, in order, under the token budget: ``[(seq, first new id)]`` for the
@@ -218,7 +216,8 @@ class Generator:
                 finished.append(seq)
         if not finished:
             return []
-        return list(zip(finished, self._sample(hidden, ends)))
+        index = torch.tensor(ends, dtype=torch.int64).to(self.device, non_blocking=True)
+        return list(zip(finished, self._sample(hidden.index_select(0, index))))
 
     def _decode(self, seqs: list) -> list:
         """One decode step: each running request's last id at its next position: ``[(seq, new id)]``."""
@@ -233,7 +232,7 @@ class Generator:
                              extend_start_loc=torch.arange(len(seqs), dtype=torch.int32),
                              **self._cache_inputs([s.row for s in seqs], where, [1] * len(seqs)))
         hidden = self.runner.run(batch)
-        return list(zip(seqs, self._sample(hidden, list(range(len(seqs))))))
+        return list(zip(seqs, self._sample(hidden[:len(seqs)])))  # (row k: request k)
 
 
 def _prefill_buckets(budget: int) -> list[int]:
