@@ -139,6 +139,7 @@ class Stager(BlockWriter):
         self.lock = threading.Lock()
         self.dst = dst
         self._where = [0, None]  # (raw handle, Stream) of the stream of the last launch or replay
+        self._index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
         self._dest = self._dest_words(dst)
         at = HEADER_WORDS + SOURCE_WORDS * self.num_slots
         for k in range(self.ring.k):  # the destinations' half of every block: written once, never again
@@ -215,11 +216,10 @@ class Stager(BlockWriter):
         """Launches of this stager on one stream are ordered by it; a launch on another stream than the last
         one's first waits for that stream (no host sync). Not while capturing: a captured launch reads a
         block of its own."""
-        raw = _raw_stream(self.dst.device.index if self.dst.device.index is not None
-                          else torch.cuda.current_device())
         where = self._where
+        raw = _raw_stream(self._index)
         if raw != where[0]:
-            stream = torch.cuda.current_stream(self.dst.device)
+            stream = torch.cuda.current_stream(self._index)
             if where[1] is not None:
                 stream.wait_stream(where[1])
             where[0], where[1] = raw, stream
