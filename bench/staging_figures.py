@@ -12,8 +12,9 @@ Cases: the large one-tensor merge against the same-run device-to-device copy of 
 a LightLLM-style kernel; 16 new media items against one tensor and against ``torch.cat`` then
 staging; DeepStack (k = 3) items of 4 column blocks against the wide tensor; the standalone op
 (into one slab, into a new view of one slab each call, and as the custom op) against the LightLLM-style
-kernel in the same run: a call back to back, its host time alone (behind a busy device) and its latency; a Qwen3-VL-like merge (4096 tokens, 2320 media
-rows, k = 3) against the engine-style merge (embedding, ``masked_scatter_`` per block, copies).
+kernel in the same run: a call back to back, its host time alone (behind a busy device) and its latency;
+a Qwen3-VL-like merge (4096 tokens, 2320 media rows, k = 3) against the engine-style merge (embedding,
+``masked_scatter_`` per block, copies).
 Prints one line per case; the JSON holds every figure and the machine.
 """
 
