@@ -195,3 +195,31 @@ def test_a_dropped_stager_outlives_its_queued_work():
         assert launch.live_stagers() == live0 + 1  # collected, but its work is still queued
     torch.cuda.synchronize()
     assert launch.live_stagers() == live0
+
+
+def test_an_op_captured_in_a_callers_graph_replays_after_its_stager_is_dropped():
+    """stage_embeddings captured in the caller's graph; then more slabs than the ops keep stagers for push its
+    stager out: each replay still stages the captured batch (its block is kept for good)."""
+    g = torch.Generator().manual_seed(5)
+    table = torch.randn(40, W, generator=g).to(DEV)
+    errors = new_error_word(DEV)
+    slab = torch.zeros(32, W, dtype=torch.bfloat16, device=DEV)
+    ids = torch.randint(0, 40, (20,), generator=g).to(DEV)
+    stage_embeddings(slab, ids, table, pad_to=24, errors=errors)  # (compiles outside the capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        stage_embeddings(slab, ids, table, pad_to=24, errors=errors)
+    others = [torch.zeros(4, W, dtype=torch.bfloat16, device=DEV) for _ in range(op_stagers.MAX_STAGERS + 4)]
+    for o in others:
+        stage_embeddings(o, ids[:4], table, errors=errors)
+    del others
+    gc.collect()
+    torch.cuda.synchronize()
+    for _ in range(3):
+        slab.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(slab[:20], table[ids].to(torch.bfloat16)) and (slab[20:24] == 0).all()
+        assert (slab[24:] == 7).all()
+    assert errors[0].item() == 0
