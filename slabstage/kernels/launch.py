@@ -228,6 +228,12 @@ class Stager(BlockWriter):
                 stream.wait_stream(where[1])
             where[0], where[1] = raw, stream
 
+    @property
+    def stream(self):
+        """The stream of this stager's last launch or replay (None before the first on CUDA): what reads the
+        sources of that launch, and what a later launch on another stream waits for."""
+        return self._where[1]
+
     def _grid(self, pad_to: int) -> int:
         grid = pad_to * self.cols if self.dst.slab is not None else -(-pad_to // TOK_BLOCK)
         return max(grid, 1) if self.num_slots else grid  # program 0 writes the token count, the requests
