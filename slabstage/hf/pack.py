@@ -31,7 +31,9 @@ class Request:
     prompt to prefill in this batch (default: all of it); a chunk may cut an image, its first
     media row is then a row inside that image. ``mrope_positions``: the whole prompt's
     ``[3, L]`` (computed from the grids when not given). A text-only model takes none of
-    ``media``, the grids, ``second_per_grid_ts`` or ``mrope_positions``.
+    ``media``, the grids, ``second_per_grid_ts`` or ``mrope_positions``. ``req_index``: the
+    request's row of a :class:`KVCache`'s ``req_to_token`` (default: its place in the batch); a
+    chunk that starts at token ``s`` attends to the ``s`` tokens cached by earlier chunks there.
     """
 
     input_ids: torch.Tensor
@@ -41,6 +43,7 @@ class Request:
     second_per_grid_ts: torch.Tensor | None = None
     chunk: tuple[int, int] | None = None
     mrope_positions: torch.Tensor | None = None
+    req_index: int | None = None
 
 
 @dataclass
@@ -135,7 +138,8 @@ def _empty(value) -> bool:
     return isinstance(value, (list, tuple)) and not value
 
 
-def pack_requests(model, requests: Sequence[Request], *, device=None, expand: str = "zeros") -> PrefillBatch:
+def pack_requests(model, requests: Sequence[Request], *, device=None, expand: str = "zeros",
+                  cache=None) -> PrefillBatch:
     """One :class:`PrefillBatch` holding ``requests`` back to back.
 
     Per request (its ``chunk``, default the whole prompt): ``input_ids``, ``positions`` (the
@@ -162,6 +166,13 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     grids given to a text-only model, and a model whose rope depends on the sequence length
     (``dynamic``, ``longrope``: the packed batch would give every request the longest one's
     frequencies).
+
+    ``cache``: a :class:`~slabstage.hf.KVCache` the batch prefills into. Then ``prefix_lens`` is
+    each chunk's start (the tokens earlier chunks cached), ``req_indices`` each request's
+    ``req_index``, ``out_cache_loc`` the default layout's slots of the chunk's tokens
+    (:meth:`KVCache.slots`), and those slots are written into the request's ``req_to_token`` row.
+    Raises ``ValueError`` for two requests of one row, or a row or chunk outside the cache. Without
+    ``cache``, ``prefix_lens`` is 0 and ``req_indices`` each request's place.
     """
     fam = family_of(model, "pack_requests")
     table = fam.language_model.embed_tokens.weight
@@ -208,11 +219,39 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
             media_index = torch.from_numpy(index)
             if device is not None and device.type != "cpu":
                 media_index = media_index.to(device)
+    prefix_lens, req_indices, cache_loc = _cache_slots(requests, c.chunks, cache)
     return PrefillBatch(
-        input_ids=ids, positions=torch.from_numpy(positions), table=table,
+        input_ids=ids, positions=torch.from_numpy(positions), table=table, out_cache_loc=cache_loc,
+        prefix_lens=prefix_lens, req_indices=req_indices,
         mrope_positions=mrope, seq_lens=torch.from_numpy(np.array(seq_lens, dtype=np.int32)),
         extend_start_loc=torch.from_numpy(np.array(dst0, dtype=np.int32)), media=items or None,
         media_index=media_index, expand=expand)
+
+
+def _cache_slots(requests: list, chunks: list, cache) -> tuple:
+    """``(prefix_lens, req_indices, out_cache_loc)`` host tensors (``out_cache_loc`` None without a cache); with
+    one, each chunk's slots written into its ``req_to_token`` row."""
+    rows = [k if req.req_index is None else req.req_index for k, req in enumerate(requests)]
+    if cache is None:
+        return torch.zeros(len(rows), dtype=torch.int32), torch.tensor(rows, dtype=torch.int32), None
+    from .kv_cache import KVCache
+
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"slabstage.hf.pack_requests: cache must be a slabstage.hf.KVCache, got {type(cache).__name__}")
+    if len(set(rows)) != len(rows):
+        raise ValueError(f"slabstage.hf.pack_requests: requests share a req_index ({rows}): one row each")
+    locs = []
+    for k, (row, (start, end)) in enumerate(zip(rows, chunks)):
+        if isinstance(row, bool) or not isinstance(row, int):
+            raise TypeError(f"slabstage.hf.pack_requests: request {k}: req_index must be an int, got {row!r}")
+        try:
+            locs.append(cache.slots(row, start, end - start))
+        except ValueError as e:
+            raise ValueError(f"slabstage.hf.pack_requests: request {k}: {e}") from None
+    for row, (start, end), loc in zip(rows, chunks, locs):  # (every request checked first: nothing written)
+        cache.req_to_token[row, start:end] = loc.to(cache.req_to_token.device, cache.req_to_token.dtype)
+    starts = torch.tensor([start for start, _ in chunks], dtype=torch.int32)
+    return starts, torch.tensor(rows, dtype=torch.int32), torch.cat(locs)
 
 
 _COUNT = np.arange(4096, dtype=np.int64)

@@ -149,7 +149,7 @@ def _check_lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> 
             if b < 0:
                 b = shape[0] if len(shape) == 1 else 0
             elif shape[0] != b:
-                raise ValueError(f"extend_start_loc has {shape[0]} entries but seq_lens has {b}: one per request")
+                raise ValueError(f"{name} has {shape[0]} entries but seq_lens has {b}: one per request")
             want = (b,)
         else:
             want = (rows, n) if kind == ROWS else (n,)
