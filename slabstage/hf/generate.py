@@ -204,8 +204,12 @@ class Generator:
             n = min(seq.length - seq.done, left)
             chunks.append((seq, seq.done, seq.done + n))
             left -= n
-        batch = pack_requests(self.model, [replace(s.request, chunk=(a, b), req_index=s.row) for s, a, b in chunks],
-                              cache=self.cache)
+        batch = pack_requests(self.model, [replace(s.request, chunk=(a, b)) for s, a, b in chunks])
+        # the KV-cache inputs of the cache's default layout (filled at allocation: nothing to write into
+        # req_to_token, so no host-to-device copy beside the runner's one); the runner checks them with the rest
+        for name, value in self._cache_inputs([s.row for s, _, _ in chunks], [a for _, a, _ in chunks],
+                                              [b - a for _, a, b in chunks]).items():
+            setattr(batch, name, value)
         hidden = self.runner.run(batch)
         rows, ends, finished = 0, [], []
         for seq, a, b in chunks:
