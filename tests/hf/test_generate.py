@@ -133,3 +133,20 @@ def test_one_host_sync_a_step_on_cuda():
     steps = sum(stats["replays"].values()) + sum(stats["eager"].values()) - before
     syncs = [w for w in seen if "synchroniz" in str(w.message)]
     assert steps > NEW and stats["replays"] and len(syncs) <= steps, (steps, [str(w.message) for w in syncs[:5]])
+
+
+def test_demo_generates_beside_hf_and_fails_on_a_difference(capsys, monkeypatch):
+    import sys
+
+    from slabstage.hf import demo
+
+    generate_module = sys.modules["slabstage.hf.generate"]  # (slabstage.hf.generate is the function)
+
+    assert demo.main(["--device", "cpu", "--model", "llama", "--hidden", "32", "--new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: every prompt generates HF's tokens, token for token" in out and out.count(": equal") == 3
+    real = generate_module.hf_generate
+    monkeypatch.setattr(generate_module, "hf_generate", lambda *a, **k: [t + 1 for t in real(*a, **k)])
+    assert demo.main(["--device", "cpu", "--model", "qwen2", "--hidden", "32", "--new-tokens", "16"]) == 1
+    out = capsys.readouterr().out
+    assert "first differs at new token 0" in out and "FAILED: 3 of 3 prompts" in out

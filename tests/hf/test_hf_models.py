@@ -220,6 +220,7 @@ def test_demo_main_runs_on_cpu(capsys):
     assert main(["--device", "cpu", "--hidden", "32"]) == 0
     out = capsys.readouterr().out
     assert "Qwen3VLForConditionalGeneration" in out and "OK: every request" in out
+    assert "OK: every prompt generates HF's tokens, token for token" in out and out.count(": equal") == 3
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2_5_vl", "qwen3_vl"])
