@@ -13,9 +13,9 @@ batch (left-padded where lengths differ), sdpa. The vision encoder's own time an
 reported. Medians of ``--rounds``. Every request's ids are also compared with HF's (bf16: the first differing
 position is reported, not asserted). Our side is a ``Generator`` made (and captured) once, outside the times.
 
-    python bench/bench_generate.py --out $OUT/generate.json
+    python bench/bench_generate.py --out $OUT
 
-Prints one ``RESULT {json}`` line per model and writes them all to ``--out``.
+Prints one ``RESULT {json}`` line per model and writes them all to ``OUT/generate.json``.
 """
 
 from __future__ import annotations
@@ -163,15 +163,15 @@ def run(name: str, rounds: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="JSON results file")
+    p.add_argument("--out", type=Path, required=True, help="directory: writes generate.json there")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_generate needs a CUDA device")
     results = [run(name, args.rounds) for name in args.models]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "generate.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ Every function takes the model as loaded (``...ForConditionalGeneration``, ``...
 """
 
 from .forward import prefill_forward
-from .generate import generate
+from .generate import Generator, generate
 from .kv_cache import KVCache
 from .media import media_items
 from .mrope import mm_token_type_ids, mrope_positions
 from .pack import Request, pack_requests
 from .width import input_embeds_width
 
-__all__ = ["KVCache", "Request", "generate", "input_embeds_width", "media_items", "mm_token_type_ids",
+__all__ = ["Generator", "KVCache", "Request", "generate", "input_embeds_width", "media_items", "mm_token_type_ids",
            "mrope_positions", "pack_requests", "prefill_forward"]

@@ -49,6 +49,7 @@ def test_generate_equals_hf_generate(family):
     """Packed and chunked prefill (the budget cuts prompts, images among them), then decode; an EOS id taken from
     HF's own output ends the requests at different lengths."""
     model = tiny_model(family, seed=3)
+    model.generation_config.eos_token_id = None  # (Llama's config has one)
     prompts = _requests(model, family)
     free = _hf(model, prompts)
     assert all(len(ids) == NEW for ids in free)
@@ -69,6 +70,7 @@ def test_requests_queue_for_cache_rows_and_budgets_vary():
     the first prompt's image at its third row): the same ids."""
     model = tiny_model("qwen3_vl", seed=5)
     prompts = _requests(model, "qwen3_vl", seed=2, text=[4, 9, 2, 6])
+    model.generation_config.eos_token_id = None
     ref = _hf(model, prompts)
     reqs = [r for r, _ in prompts]
     for budget, running in ((7, 1), (64, 2)):
@@ -99,9 +101,10 @@ def test_decode_buckets():
 def test_generate_through_graphs_on_cuda(family, dtype):
     """Through captured graphs on the GPU: fp32 equals HF; bf16 reports where each request first differs."""
     model = tiny_model(family, seed=3, device="cuda", dtype=dtype)
+    model.generation_config.eos_token_id = None
     prompts = _requests(model, family)
-    ref = _hf(model, prompts, eos=[])
-    ours = sshf.generate(model, [r for r, _ in prompts], max_new_tokens=NEW, token_budget=24, eos_token_id=[])
+    ref = _hf(model, prompts)
+    ours = sshf.generate(model, [r for r, _ in prompts], max_new_tokens=NEW, token_budget=24)
     if dtype == torch.float32:
         assert ours == ref
         return
