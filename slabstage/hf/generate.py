@@ -20,7 +20,7 @@ import torch
 from ..graph_runner.batch import PrefillBatch
 from ..graph_runner.runner import PrefillGraphRunner
 from ..staging.buffers import StagingBuffers
-from ._checks import as_prompt_ids
+from ._checks import as_prompt_ids, check_placeholders, placeholder_runs
 from ._family import family_of, transformers_version
 from .forward import prefill_forward
 from .kv_cache import KVCache
@@ -76,7 +76,6 @@ def _rope_delta(fam, request: Request, ids: torch.Tensor) -> int:
     if rule is None:
         whole = rope_index(fam, ids, grid_tensor(images), grid_tensor(videos), request.second_per_grid_ts)
         return int(whole.max()) + 1 - L
-    from ._checks import check_placeholders, placeholder_runs
     runs = check_placeholders(placeholder_runs(ids.numpy(), fam.placeholder_ids, [0])[0], images, videos, where,
                               fam.merge, fam.has_deepstack)
     layout = layout_of_rows(fam, runs, images, videos, request.second_per_grid_ts, 0, L, rule)
@@ -161,11 +160,13 @@ class Generator:
             if ids.shape[0] + max_new_tokens > self.cache.max_context:
                 raise ValueError(f"{where} request {k}: {ids.shape[0]} prompt tokens and {max_new_tokens} new ones "
                                  f"exceed the cache's max_context of {self.cache.max_context}")
-            req = replace(req, input_ids=ids, chunk=None, req_index=None)
-            seqs.append(_Seq(k, req, ids.shape[0], delta=_rope_delta(fam, req, ids) if fam.is_vlm else 0))
+            seqs.append(_Seq(k, replace(req, input_ids=ids, chunk=None, req_index=None), ids.shape[0]))
         if not seqs:
             return []
         pack_requests(self.model, [s.request for s in seqs])  # every request's checks before anything runs
+        if fam.is_vlm:
+            for seq in seqs:
+                seq.delta = _rope_delta(fam, seq.request, seq.request.input_ids)
         eos = _eos_ids(self.model, eos_token_id)
         waiting, running = list(seqs), []
         free = list(range(self.max_running))

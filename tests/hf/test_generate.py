@@ -87,6 +87,14 @@ def test_bad_arguments_are_refused():
     with pytest.raises(TypeError, match="request 1"):
         sshf.generate(model, [req, torch.arange(3)])
     assert sshf.generate(model, []) == []
+    gen = sshf.Generator(model, max_running=1, max_context=8, token_budget=16)
+    with pytest.raises(ValueError, match="request 0: 5 prompt tokens and 4 new ones exceed the cache's max_context"):
+        gen.generate([req], max_new_tokens=4)
+    vlm = tiny_model("qwen2_vl")
+    (good, _), = _requests(vlm, "qwen2_vl")[:1]
+    bad = sshf.Request(good.input_ids, good.media, image_grid_thw=torch.tensor([[1, 4, 4]]))  # the grid is (1, 4, 6)
+    with pytest.raises(ValueError, match="request 1"):
+        sshf.generate(vlm, [good, bad])
 
 
 def test_decode_buckets():
