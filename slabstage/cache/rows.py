@@ -15,7 +15,7 @@ def done(events) -> bool:
 class Rows:
     """Runs ``[start, start + length)`` of ``total`` rows. :meth:`take` hands out the first run long enough
     whose readers are done (no host sync); :meth:`give` returns a run with the events that must complete
-    before it is written again. Adjacent free runs merge (their events together)."""
+    before it is written again. Adjacent free runs that nobody reads merge."""
 
     def __init__(self, total: int) -> None:
         self.total = total
@@ -48,9 +48,10 @@ class Rows:
         insort(self.free, [start, n, [e for e in events if not e.query()]])
         merged = []
         for run in self.free:
-            if merged and merged[-1][0] + merged[-1][1] == run[0]:
+            if run[2] and done(run[2]):
+                run[2] = []
+            if merged and merged[-1][0] + merged[-1][1] == run[0] and not merged[-1][2] and not run[2]:
                 merged[-1][1] += run[1]
-                merged[-1][2] += run[2]
             else:
                 merged.append(run)
         self.free = merged
