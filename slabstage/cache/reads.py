@@ -27,13 +27,17 @@ class Reads:
     def grow(self, slots: int) -> None:
         self.events.extend([] for _ in range(slots - len(self.events)))
 
-    def note(self, slots) -> None:
-        """Queued work on the current stream reads entry ``slots``."""
-        if not self.cuda:
-            return
-        stream = torch.cuda.current_stream(self.device)
-        event = torch.cuda.Event()
-        event.record(stream)
+    def note(self, slots, event=None) -> None:
+        """Queued work on the current stream reads entry ``slots``: an event is recorded there (or ``event``,
+        anything with ``query()`` and ``synchronize()``, stands for that work)."""
+        if event is None:
+            if not self.cuda:
+                return
+            stream = torch.cuda.current_stream(self.device)
+            event = torch.cuda.Event()
+            event.record(stream)
+        else:
+            stream = self._stream
         if self._stream is None and not self._mixed:
             self._stream = stream
         elif self._stream != stream:
