@@ -9,6 +9,15 @@ The Python wrappers :func:`stage_embeddings_op` and :func:`stage_token_inputs_op
 take the same arguments as the plain functions and give the same answers: each
 op runs the one validation, and the wrappers first refuse, with the same errors,
 values the op's schema cannot carry.
+
+What an op call does, on CUDA: check the batch, write its parameter block into a
+pinned ring slot, queue one host-to-device copy of the block and one kernel launch
+on the current stream; no host sync, no graph captured behind the caller's back.
+The ring and device block belong to the destinations (:mod:`slabstage.kernels.op_stagers`:
+one set per slab base tensor, or per exact set of token-input tensors, at most 16
+kept, none holding a reference to a tensor), so two buffers, two slabs or two
+streams never share one. Inside a graph the caller captures, each call gets a
+block of its own, replayed with the graph.
 """
 
 from __future__ import annotations
@@ -20,7 +29,8 @@ import torch
 
 from .checks import check_bool, check_choice, check_int, check_real, check_tensor
 from .kernels.errors import check_error_word, default_error_word
-from .kernels.launch import Inputs, Stager
+from .kernels.launch import Inputs
+from .kernels.op_stagers import slots_stager
 from .kernels.stage_embeddings import stage_embeddings
 from .kernels.destinations import Destinations
 from .checks import vocab_bounds
@@ -69,7 +79,7 @@ if HAS_CUSTOM_OPS:
         device = next(t.device for t in dsts if t is not None)
         dst = Destinations(slots=dsts, fills=[f if p else None for f, p in zip(fills, pads)], errors=errors,
                            host_ok=True, device=device)
-        Stager.shared(dst).stage_into(dst, Inputs(**dict(zip((s.name for s in SOURCE_SLOTS), sources))), pad_to)
+        slots_stager(dst).stage_into(dst, Inputs(**dict(zip((s.name for s in SOURCE_SLOTS), sources))), pad_to)
 
     _op("slabstage::stage_token_inputs", _token_inputs,
         [(f"{s.name}_dst", _OT) for s in SLOTS] + [("errors", _T)] + [(s.name, _OT) for s in SOURCE_SLOTS]

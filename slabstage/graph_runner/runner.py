@@ -281,9 +281,10 @@ class PrefillGraphRunner:
         graph, out = self._graphs[route]
         range_push("slabstage.replay")
         try:
-            graph.replay()
             if self.after_stage is None:
-                stager.replayed()
+                stager.replay(graph)  # (ordered after the stager's other launches, whatever their stream)
+            else:
+                graph.replay()
         finally:
             range_pop()
         if clone:

@@ -1,27 +1,34 @@
 """The one staging path: check a batch, write its parameter block, launch the kernel over it.
 
 A :class:`Stager` serves one set of destinations (:class:`~slabstage.kernels.destinations.Destinations`):
-the runner's buffers, a ``stage_token_inputs`` call's buffers, a ``stage_embeddings``
-call's slab. :meth:`Stager.prepare` checks a batch (nothing is written when that
-raises) and writes its parameter block into the next slot of the pinned ring
-(:class:`~slabstage.kernels.block.BlockWriter`).
-Then either :meth:`Stager.launch` moves the block into the stager's device block
-and queues the staging kernel, or a graph recorded by :meth:`Stager.record` is
-replayed: it begins with the fetch kernel, which copies the block itself, so a
-replayed step costs the host no copy call. On a CPU device without Triton's
-interpreter the PyTorch reference stages the checked batch instead.
+the runner's buffers (:meth:`Stager.for_buffers`), or those of a standalone op's call
+(:mod:`slabstage.kernels.op_stagers` keeps a few, keyed by the destinations themselves). What it holds (the
+pinned ring, the device block, the checked configurations) belongs to those destinations alone and is freed
+with it, once the device work it queued has finished. :meth:`Stager.prepare` checks a batch (nothing is
+written when that raises) and writes its parameter block into the next slot of the pinned ring
+(:class:`~slabstage.kernels.block.BlockWriter`). Then either :meth:`Stager.launch` moves the block into the
+stager's device block and queues the staging kernel, or a graph recorded by :meth:`Stager.record` is replayed
+through :meth:`Stager.replay`: it begins with the fetch kernel, which copies the block itself, so a replayed
+step costs the host no copy call. On a CPU device without Triton's interpreter the PyTorch reference stages
+the checked batch instead.
+
+Ordering: a ring slot is rewritten only once the staging kernel that followed its last reader (the copy or
+the fetch, on the same stream) has reported its step in the ring's ``done`` word
+(:class:`~slabstage.kernels.params.PinnedRing`). That holds across streams because the launches of one
+stager are totally ordered: a launch or replay on a stream other than the last one's first makes its stream
+wait for the last one (:meth:`Stager._order`), so two streams never read one device block at once.
 """
 
 from __future__ import annotations
 
 import struct
 import threading
+import weakref
 from ctypes import c_char
 
 import numpy as np
 import torch
 
-from ..staging.registry import slot_signature
 from ..staging.slots import REQUESTS, SLOTS, SOURCE_SLOTS
 from .block import MAX_ITEM_WORDS, BlockWriter
 from .destinations import Destinations
@@ -32,42 +39,74 @@ from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, launch_settings,
 from .configuration import DEFAULTS
 from .validate import Checked, check_batch
 
-__all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream"]
+__all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream", "live_stagers"]
 
-_SHARED: dict = {}  # destinations' layout -> the Stager the ops share
-_LOCK = threading.Lock()
-_LAST_SLAB: list = [None]  # (slab, errors, layout, Destinations, Stager) of the last stage_embeddings call
 _REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
-_MAX_GRAPHS = 64  # graphs a stager keeps for the ops' calls (an engine stages into a few destinations)
-_STREAMS: dict = {}  # (device, who) -> the side stream its captures run on
+_STREAMS: dict = {}  # device -> the side stream the runner captures on
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every stager not yet collected
+_RETIRED: list = []  # [event or None, stream, held]: what a collected stager held, until its device work ends
+_RETIRED_LOCK = threading.Lock()
+try:  # the current stream's handle, as an int (cheaper than a Stream object)
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # pragma: no cover - a torch without CUDA
+    _raw_stream = None
 
 
-def capture_stream(device: torch.device, who: str) -> torch.cuda.Stream:
-    """The side stream ``who`` (``"runner"``, ``"ops"``: apart, so that two threads never capture on one)
-    captures on, one per device: cuBLAS keeps a workspace per stream it has run on (32 MiB on Hopper), so a
-    fresh stream per capture would cost one more each time."""
+def capture_stream(device: torch.device, who: str = "runner") -> torch.cuda.Stream:
+    """The side stream the runner captures on, one per device: cuBLAS keeps a workspace per stream it has run
+    on (32 MiB on Hopper), so a fresh stream per capture would cost one more each time."""
     stream = _STREAMS.get((device, who))
     if stream is None:
         stream = _STREAMS[device, who] = torch.cuda.Stream(device)
     return stream
 
 
-def _layout(slab, errors):
-    """What a slab's and an error word's checks depend on, or None for anything but two tensors."""
-    if type(slab) is not torch.Tensor or type(errors) is not torch.Tensor:
-        return None
-    return slot_signature(slab), slot_signature(errors)
+def live_stagers() -> int:
+    """Stagers alive, and collected ones whose pinned ring and device block still wait for queued device work."""
+    _sweep()
+    return len(_LIVE) + len(_RETIRED)
+
+
+def _sweep() -> None:
+    """Free what collected stagers held once the work they queued has finished (an event query, no host
+    sync). Nothing is done while the current stream captures a graph (a query there would break the capture)."""
+    if not _RETIRED or _capturing_now():
+        return
+    with _RETIRED_LOCK:
+        keep = []
+        for entry in _RETIRED:
+            if entry[0] is None:  # (collected while a graph was being captured: recorded now)
+                entry[0] = torch.cuda.Event()
+                entry[0].record(entry[1])
+            if not entry[0].query():
+                keep.append(entry)
+        _RETIRED[:] = keep
+
+
+def _capturing_now() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+def _retire(held: tuple, where: list) -> None:
+    """A stager was collected: keep ``held`` (its ring, device block, counter, kept blocks) until the device
+    work it queued on its last stream (``where[1]``) has finished."""
+    stream = where[1]
+    if stream is not None:
+        with _RETIRED_LOCK:
+            _RETIRED.append([None, stream, held])
+    _sweep()
 
 
 class Stager(BlockWriter):
     """Stages batches into ``dst`` through the one kernel; see the module docstring.
 
     The piece of a slab row one program writes comes from the slab's width and dtype
-    (one helper, :func:`launch_settings`). Launches of one stager are ordered on the
-    stream that queues them, as every write of its destinations is.
+    (one helper, :func:`launch_settings`). Launches of one stager are totally ordered,
+    whatever streams queue them (:meth:`_order`).
     """
 
     def __init__(self, dst: Destinations) -> None:
+        _sweep()
         device, slab = dst.device, dst.slab
         self.triton = use_triton(device)
         self.num_slots = len(SLOTS) if any(t is not None for t in dst.slots) else 0
@@ -95,18 +134,34 @@ class Stager(BlockWriter):
         self._copies: dict = {}  # (slot, words) -> (ring view, device view)
         self.configs: dict = {}  # the configurations check_batch has passed for these destinations
         self._kept: list = []  # (host block, device block) of launches captured in a caller's graph
-        self._graphs: dict = {}  # (slab, error word, rows) -> launches so far, then a graph of them (ops' calls)
-        self._fetch_loaded = False
         self._now = self.params  # the device block the next launch reads
         self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared block
         self._reads = None  # (EncoderCache, slots) the prepared batch's media reads, if cache entries
         self.lock = threading.Lock()
-        self.dst = None
-        self._bind(dst)
+        self.dst = dst
+        self._where = [0, None]  # (raw handle, Stream) of the stream of the last launch or replay
+        self._dest = self._dest_words(dst)
+        at = HEADER_WORDS + SOURCE_WORDS * self.num_slots
+        for k in range(self.ring.k):  # the destinations' half of every block: written once, never again
+            start = k * self.ring.slot_words + at
+            self.ring.words[start:start + self._dest.size] = self._dest
+        _LIVE.add(self)
+        if device.type == "cuda":  # (what the device may still read or write outlives the stager a while)
+            weakref.finalize(self, _retire, (self.ring, self.params, self.counter, self._kept), self._where)
 
     def words_for(self, tokens: int) -> int:
         """The most words a block of a batch of ``tokens`` tokens takes."""
         return self._items_at + MAX_ITEM_WORDS + self._host_per_token * tokens + self._host_fixed
+
+    def _dest_words(self, dst: Destinations) -> np.ndarray:
+        """The destinations' half of a block: per slot its address, dtype, stride, pad value and shape."""
+        dest = np.zeros(DEST_WORDS * self.num_slots, dtype=np.int64)
+        for s, (spec, t, fill) in enumerate(zip(SLOTS[:self.num_slots], dst.slots, dst.fills)):
+            if t is not None:
+                dest[DEST_WORDS * s:DEST_WORDS * (s + 1)] = (
+                    t.data_ptr(), INT_CODE[t.dtype], t.stride(0) if t.dim() == 2 else 0, int(fill or 0),
+                    fill is not None, spec.kind, spec.rows, t.shape[-1])
+        return dest
 
     # -- a batch ------------------------------------------------------------------------------
     def prepare(self, src, pad_to, *, own_block: bool = False) -> Checked:
@@ -143,6 +198,7 @@ class Stager(BlockWriter):
             self._kernel(grid, self._now)
             return
         if self.dst.device.type == "cuda":
+            self._order()
             size = min(max(1024, next_pow2(words)), self.ring.slot_words)
             pair = self._copies.get((at, size))
             if pair is None:
@@ -155,16 +211,32 @@ class Stager(BlockWriter):
         self._note_reads()
 
     def record(self, pad_to: int) -> None:
-        """Queue, or record into the graph being captured, the fetch of the next prepared block and the kernel
-        over it for ``pad_to`` rows. A replay of that graph stages whatever :meth:`prepare` wrote last; call
-        :meth:`replayed` after it."""
+        """Record into the graph being captured the fetch of the next prepared block and the kernel over it
+        for ``pad_to`` rows. A replay of that graph stages whatever :meth:`prepare` wrote last: replay it with
+        :meth:`replay`."""
         self._fetch(-(-self.words_for(pad_to) // FETCH_CHUNK))
         self._kernel(max(self._grid(pad_to), 1), self.params)
 
-    def replayed(self) -> None:
-        """A graph made by :meth:`record` staged the last prepared block."""
+    def replay(self, graph) -> None:
+        """Replay ``graph`` (made with :meth:`record`) on the current stream: it stages the last prepared
+        block, ordered after every earlier launch of this stager."""
+        self._order()
+        graph.replay()
         self.ring.commit(self._pending[0])
         self._note_reads()
+
+    def _order(self) -> None:
+        """Launches of this stager on one stream are ordered by it; a launch on another stream than the last
+        one's first waits for that stream (no host sync). Not while capturing: a captured launch reads a
+        block of its own."""
+        raw = _raw_stream(self.dst.device.index if self.dst.device.index is not None
+                          else torch.cuda.current_device())
+        where = self._where
+        if raw != where[0]:
+            stream = torch.cuda.current_stream(self.dst.device)
+            if where[1] is not None:
+                stream.wait_stream(where[1])
+            where[0], where[1] = raw, stream
 
     def _grid(self, pad_to: int) -> int:
         grid = pad_to * self.cols if self.dst.slab is not None else -(-pad_to // TOK_BLOCK)
@@ -181,109 +253,29 @@ class Stager(BlockWriter):
         with launch_lock(self.dst.device):
             fetch_kernel[(grid,)](*args, CHUNK=FETCH_CHUNK, num_warps=4)
 
-    # -- destinations --------------------------------------------------------------------------
-    def _bind(self, dst: Destinations) -> None:
-        """Stage into ``dst`` from now on: the destinations' half of every block, written into every slot."""
-        if dst is self.dst:
-            return
-        self.dst = dst
-        dest = np.zeros(DEST_WORDS * self.num_slots, dtype=np.int64)
-        for s, (spec, t, fill) in enumerate(zip(SLOTS[:self.num_slots], dst.slots, dst.fills)):
-            if t is not None:
-                dest[DEST_WORDS * s:DEST_WORDS * (s + 1)] = (
-                    t.data_ptr(), INT_CODE[t.dtype], t.stride(0) if t.dim() == 2 else 0, int(fill or 0),
-                    fill is not None, spec.kind, spec.rows, t.shape[-1])
-        at = HEADER_WORDS + SOURCE_WORDS * self.num_slots
-        for k in range(self.ring.k):  # (a slot a queued copy still reads is rewritten with what it holds)
-            start = k * self.ring.slot_words + at
-            if not np.array_equal(self.ring.words[start:start + dest.size], dest):
-                self.ring.words[start:start + dest.size] = dest
-        self._dest = dest
-
-    def stage_into(self, dst: Destinations, src, pad_to) -> Checked:
-        """:meth:`stage` into ``dst``, destinations laid out like this stager's (a shared stager)."""
+    # -- one call -------------------------------------------------------------------------------
+    def stage(self, src, pad_to) -> Checked:
+        """Check and stage one batch: a launch of its own (a block of its own when the current stream is
+        capturing a graph)."""
         with self.lock:
-            self._bind(dst)
-            cuda = dst.device.type == "cuda"
-            own = cuda and torch.cuda.is_current_stream_capturing()
-            c = self.prepare(src, pad_to, own_block=own)
-            if cuda and not own and self._grid(c.pad_to):
-                self._replay_or_launch(c)
-            else:
-                self.launch(c, c.pad_to)
+            capturing = self.triton and self.dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            c = self.prepare(src, pad_to, own_block=capturing)
+            self.launch(c, c.pad_to)
             return c
 
-    def _replay_or_launch(self, c: Checked) -> None:
-        """Stage the prepared block ``c`` through this stager's graph of the fetch and the kernel for these
-        destinations and ``c.pad_to``'s power-of-two bucket of rows (the block says ``pad_to``: programs past
-        it write nothing): a replay costs the host a fraction of the block's copy and a Triton launch. The
-        first two calls of a bucket :meth:`launch`; the second then captures the graph (no host sync)."""
-        dst = self.dst
-        rows = min(next_pow2(c.pad_to), dst.capacity)
-        key = (0 if dst.slab is None else dst.slab.data_ptr(), dst.errors.data_ptr(), rows)
-        entry = self._graphs.get(key, 0)  # the bucket's launches so far, or its graph
-        if not isinstance(entry, int):
-            entry.replay()
-            self.replayed()
-            return
-        self.launch(c, c.pad_to)
-        if not entry and len(self._graphs) >= _MAX_GRAPHS:
-            self._graphs.clear()
-        graph = self._capture(rows) if entry == 1 else None  # (a destination staged once is never captured)
-        self._graphs[key] = graph if graph is not None else entry + 1
-
-    def _capture(self, rows: int):
-        """A graph of :meth:`record` for ``rows`` rows, captured on a side stream; None if capture fails."""
-        device = self.dst.device
-        stream, current = capture_stream(device, "ops"), torch.cuda.current_stream(device)
-        if not self._fetch_loaded:  # (its module loads outside the capture; the block it copies goes unused)
-            self._fetch(1)
-            self._fetch_loaded = True
-        stream.wait_stream(current)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.stream(stream):
-                graph.capture_begin(capture_error_mode="thread_local")
-                try:
-                    self.record(rows)
-                finally:
-                    graph.capture_end()
-        except RuntimeError:  # (the launch path serves the bucket)
-            return None
-        current.wait_stream(stream)
-        return graph
-
-    @classmethod
-    def shared(cls, dst: Destinations) -> "Stager":
-        """The stager the ops share for destinations laid out like ``dst`` (device, slab dtype and width, which
-        slots and their dtypes): its ring, device block and checked configurations."""
-        slab = dst.slab
-        key = (dst.device, dst.host_ok, dst.capacity, dst.batch_cap,
-               None if slab is None else (slab.dtype, slab.shape[1]),
-               tuple(None if t is None else (t.dtype, t.dim()) for t in dst.slots))
-        st = _SHARED.get(key)
-        if st is None:
-            with _LOCK:
-                st = _SHARED.get(key) or cls(dst)
-                _SHARED[key] = st
-        return st
-
-    @classmethod
-    def for_slab(cls, slab, errors) -> tuple[Destinations, "Stager"]:
-        """The checked destinations of a ``stage_embeddings`` call into ``slab`` and the stager they share.
-
-        The last call's are kept (nothing a stager does not already hold) and reused while ``slab`` and
-        ``errors`` are the same objects with the same storage, shape, strides, dtype and device: what
-        :class:`Destinations` checks is a function of those alone."""
-        layout = _layout(slab, errors)
-        last = _LAST_SLAB[0]
-        if layout is not None and last is not None and last[0] is slab and last[1] is errors and last[2] == layout:
-            return last[3], last[4]
-        dst = Destinations(slab=slab, errors=errors, host_ok=False)
-        st = cls.shared(dst)
-        if layout is not None:
-            _LAST_SLAB[0] = (slab, errors, layout, dst, st)
-        return dst, st
+    def stage_into(self, dst: Destinations, src, pad_to) -> Checked:
+        """:meth:`stage` into ``dst``, then forget it (a stager an op keeps holds no reference to what it
+        writes). ``dst``: the destinations this stager was made for, or for a stager of a slab alone, any slab
+        of its device, dtype and width (views of one slab share a stager)."""
+        with self.lock:
+            self.dst = dst
+            try:
+                capturing = self.triton and dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+                c = self.prepare(src, pad_to, own_block=capturing)
+                self.launch(c, c.pad_to)
+                return c
+            finally:
+                self.dst = None
 
     @classmethod
     def for_buffers(cls, buffers, embed: bool) -> "Stager":
@@ -304,6 +296,7 @@ class Stager(BlockWriter):
         buffers._stagers[embed] = (st, reg.signature(), errors, errors.data_ptr())
         return st
 
+
 class Inputs:
     """A batch as keyword arguments, named as :class:`~slabstage.PrefillBatch` names its fields (a field not
     given takes PrefillBatch's default)."""
@@ -319,5 +312,4 @@ for _name, _default in DEFAULTS.items():  # (class attributes: what a field not 
 def stage_batch(buffers, *, pad_to, **inputs) -> None:
     """A whole batch (integer slots and embeddings, ``PrefillBatch``'s fields as keywords) into ``buffers`` in one
     launch: what the runner stages, outside it (for tests and tools)."""
-    st = Stager.for_buffers(buffers, embed=True)
-    st.stage_into(st.dst, Inputs(**inputs), pad_to)
+    Stager.for_buffers(buffers, embed=True).stage(Inputs(**inputs), pad_to)

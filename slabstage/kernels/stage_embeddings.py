@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from .errors import default_error_word, raise_if_errors
-from .launch import Inputs, Stager
+from .launch import Inputs
+from .op_stagers import slab_stager
 
 __all__ = ["stage_embeddings"]
 
@@ -62,14 +63,17 @@ def stage_embeddings(
     zero-fills the row and sets the error word; nothing is read out of bounds.
     Every argument is checked before anything is written: ``TypeError`` /
     ``ValueError`` (``WidthContractError`` for widths). Returns ``slab``. One
-    host-to-device copy of the parameter block and one kernel launch, no host
-    sync unless ``strict``.
+    host-to-device copy of the parameter block and one kernel launch on the
+    current stream, no host sync unless ``strict``. The pinned ring and device
+    block the launch uses belong to ``slab``'s base tensor (views of one slab share
+    them; at most 16 such sets are kept, each freed with its slab once its queued
+    work has finished).
     """
     if errors is None:
         errors = default_error_word(slab.device) if isinstance(slab, torch.Tensor) else None
     src = Inputs(input_ids=input_ids, table=table, media=media, media_index=media_index, expand=expand,
                  text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)
-    dst, stager = Stager.for_slab(slab, errors)
+    dst, stager = slab_stager(slab, errors)
     stager.stage_into(dst, src, pad_to)
     if strict:
         raise_if_errors(errors)

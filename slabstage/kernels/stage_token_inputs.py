@@ -37,5 +37,4 @@ def stage_token_inputs(
     """
     src = Inputs(input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
                  mrope_positions=mrope_positions, seq_lens=seq_lens, extend_start_loc=extend_start_loc)
-    st = Stager.for_buffers(buffers, embed=False)
-    st.stage_into(st.dst, src, pad_to)
+    Stager.for_buffers(buffers, embed=False).stage(src, pad_to)

@@ -145,6 +145,13 @@ class StagingBuffers:
     def embed_width(self) -> int:
         return self.input_embeds.shape[1]
 
+    def __getstate__(self) -> dict:
+        """Pickling and ``copy.deepcopy`` carry the slots and the error word; a stager (pinned ring, device
+        block) is made afresh for the copy when it first stages."""
+        state = self.__dict__.copy()
+        state["_stagers"] = {}
+        return state
+
     def __repr__(self) -> str:
         e = self.input_embeds
         return (f"StagingBuffers(max_num_tokens={self.max_num_tokens}, max_batch_size={self.max_batch_size}, "

@@ -1,0 +1,205 @@
+"""Staging state belongs to its destinations: no stager shared between buffers or slabs, bounded and freed with
+them, ring slots never rewritten while a launch may still read them, buffers that copy and pickle after staging.
+
+Both staging paths run here (the Triton interpreter and the PyTorch reference); tests/ops/test_state_cuda.py
+runs the same on a GPU with a busy device and several streams.
+"""
+
+import copy
+import gc
+import pickle
+import weakref
+
+import pytest
+import torch
+
+from slabstage import StagingBuffers, new_error_word, stage_embeddings, stage_token_inputs
+from slabstage.kernels import launch, op_stagers
+from slabstage.kernels.destinations import Destinations
+from slabstage.kernels.runtime import INTERPRET
+from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_inputs_op
+
+W, T = 32, 48
+
+
+@pytest.fixture(params=["triton", "reference"])
+def path(request, monkeypatch):
+    """The Triton kernels (the interpreter) or the PyTorch reference, with the ops' stagers made afresh."""
+    if request.param == "triton" and not INTERPRET:
+        pytest.skip("CPU tensors run the reference unless TRITON_INTERPRET=1")
+    if request.param == "reference":
+        monkeypatch.setattr(launch, "use_triton", lambda device: False)
+    op_stagers.clear()
+    gc.collect()
+    yield request.param
+    op_stagers.clear()
+
+
+def allocate(device="cpu"):
+    return StagingBuffers.allocate(max_num_tokens=T, max_batch_size=4, embed_width=W, embed_dtype=torch.bfloat16,
+                                   device=device)
+
+
+def ids_of(g, n, lo):
+    return torch.randint(lo, lo + 1000, (n,), generator=g)
+
+
+def test_two_buffers_of_one_layout_get_their_own_batches(path):
+    """Buffers A and B, allocated alike, staged alternately through the plain function and the custom op:
+    each holds exactly its own ids and positions, and the op keeps one stager for each (none shared)."""
+    g = torch.Generator().manual_seed(1)
+    a, b = allocate(), allocate()
+    ops = [stage_token_inputs] + ([stage_token_inputs_op] if HAS_CUSTOM_OPS else [])
+    for round_ in range(6):
+        op = ops[round_ % len(ops)]
+        n_a, n_b = 5 + round_, 17 - round_
+        ia, ib = ids_of(g, n_a, 1000 * round_ + 1), ids_of(g, n_b, 1000 * round_ + 500_000)
+        pa, pb = ids_of(g, n_a, 7), ids_of(g, n_b, 90_000)
+        op(a, input_ids=ia, positions=pa, pad_to=n_a + 3)
+        op(b, input_ids=ib, positions=pb, pad_to=n_b + 1)
+        assert torch.equal(a.input_ids[:n_a], ia) and torch.equal(a.positions[:n_a], pa), round_
+        assert torch.equal(b.input_ids[:n_b], ib) and torch.equal(b.positions[:n_b], pb), round_
+        assert a.num_tokens_non_padded.item() == n_a and b.num_tokens_non_padded.item() == n_b
+    assert a.errors.tolist()[0] == 0 and b.errors.tolist()[0] == 0
+    if HAS_CUSTOM_OPS:
+        assert op_stagers.cached_stagers() == 2  # one a set of destinations, never one a layout
+
+
+def test_two_slabs_of_one_layout_get_their_own_batches(path):
+    g = torch.Generator().manual_seed(2)
+    table = torch.randn(64, W, generator=g)
+    slabs = [torch.full((T, W), float("nan"), dtype=torch.bfloat16) for _ in range(2)]
+    errors = new_error_word("cpu")
+    stagers = set()
+    for round_ in range(4):
+        for k, slab in enumerate(slabs):
+            n = 9 + 3 * k + round_
+            ids = torch.randint(0, 64, (n,), generator=g)
+            fn = stage_embeddings_op if HAS_CUSTOM_OPS and round_ % 2 else stage_embeddings
+            fn(slab, ids, table, pad_to=n + 2, errors=errors)
+            assert torch.equal(slab[:n], table[ids].to(torch.bfloat16)), (round_, k)
+            assert (slab[n:n + 2] == 0).all() and slab[n + 2:].isnan().all()
+            stagers.add(id(op_stagers.slab_stager(slab, errors)[1]))
+    assert len(stagers) == 2
+
+
+def test_views_of_one_slab_share_one_stager_and_it_goes_with_the_slab(path):
+    """200 views of one slab, staged and dropped: one stager, no reference to the slab; when the slab goes,
+    so does its stager (weakly referenced here)."""
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(50, W, generator=g)
+    errors = new_error_word("cpu")
+    gc.collect()
+    live0, cached0 = launch.live_stagers(), op_stagers.cached_stagers()
+    base = torch.zeros(220, W, dtype=torch.bfloat16)
+    for n in range(1, 201):
+        ids = torch.randint(0, 50, (n,), generator=g) if n % 40 == 0 else torch.arange(n) % 50
+        stage_embeddings(base[:n], ids, table, errors=errors)
+        if n % 40 == 0:
+            assert torch.equal(base[:n], table[ids].to(torch.bfloat16))
+    assert op_stagers.cached_stagers() == cached0 + 1
+    stager = weakref.ref(op_stagers.slab_stager(base[:3], errors)[1])
+    assert launch.live_stagers() == live0 + 1
+    slab_ref = weakref.ref(base)
+    del base
+    gc.collect()
+    assert slab_ref() is None, "a stager (or the cache) kept the slab alive"
+    assert stager() is None and op_stagers.cached_stagers() == cached0 and launch.live_stagers() == live0
+
+
+def test_the_ops_keep_a_bounded_number_of_stagers(path):
+    """200 slabs, each staged once and kept: at most MAX_STAGERS stagers; dropped, none are left."""
+    table = torch.randn(20, W)
+    errors = new_error_word("cpu")
+    gc.collect()
+    live0 = launch.live_stagers()
+    slabs = []
+    for n in range(200):
+        slabs.append(torch.zeros(4, W, dtype=torch.float16))
+        stage_embeddings(slabs[-1], torch.tensor([n % 20, 1]), table, errors=errors)
+        assert op_stagers.cached_stagers() <= op_stagers.MAX_STAGERS
+    assert all(torch.equal(s[0], table[n % 20].half()) for n, s in enumerate(slabs))
+    assert launch.live_stagers() <= live0 + op_stagers.MAX_STAGERS
+    del slabs
+    gc.collect()
+    assert op_stagers.cached_stagers() == 0 and launch.live_stagers() == live0
+
+
+def test_the_token_op_drops_the_stager_of_dropped_buffers(path):
+    if not HAS_CUSTOM_OPS:
+        pytest.skip("custom ops need torch >= 2.4")
+    gc.collect()
+    live0 = launch.live_stagers()
+    for k in range(30):
+        buf = allocate()
+        stage_token_inputs_op(buf, input_ids=torch.arange(k + 1), positions=torch.arange(k + 1), pad_to=k + 2)
+        assert buf.input_ids[:k + 1].tolist() == list(range(k + 1))
+        del buf
+    gc.collect()
+    assert op_stagers.cached_stagers() == 0 and launch.live_stagers() == live0
+
+
+def test_a_stager_serves_only_its_own_destinations(path):
+    """An op's stager is keyed by its destinations' identity: buffers alike in every way but storage never
+    share one, and one stager's blocks name its own destinations only."""
+    a, b = allocate(), allocate()
+
+    def dst_of(buf):
+        reg = buf.registry
+        from slabstage.staging.slots import SLOTS
+        return Destinations(slots=[reg[s.name] if s.name in reg else None for s in SLOTS],
+                            fills=[reg.slot(s.name).fill_value if s.name in reg else None for s in SLOTS],
+                            errors=buf.errors, host_ok=True, device=buf.device)
+
+    sa, sb = op_stagers.slots_stager(dst_of(a)), op_stagers.slots_stager(dst_of(b))
+    assert sa is not sb and sa is op_stagers.slots_stager(dst_of(a))
+    assert sa.ring.tensor.data_ptr() != sb.ring.tensor.data_ptr() and sa.params.data_ptr() != sb.params.data_ptr()
+    assert a.input_ids.data_ptr() in sa._dest.tolist() and b.input_ids.data_ptr() not in sa._dest.tolist()
+
+
+def test_a_ring_slot_is_not_rewritten_while_a_launch_may_read_it(monkeypatch):
+    """A ring of two slots; the device is made to look behind (the done word, which each launch's program 0
+    sets after the copy or fetch that read its slot, reads an old step): the next block waits for it, and
+    the slot it waits for is untouched until then."""
+    if not INTERPRET:
+        pytest.skip("the ring is used on the Triton path")
+
+    class TwoSlots(launch.PinnedRing):
+        def __init__(self, slot_bytes, pinned, k=8):
+            super().__init__(slot_bytes, pinned, k=2)
+
+    monkeypatch.setattr(launch, "PinnedRing", TwoSlots)
+    buf = allocate()
+    st = launch.Stager.for_buffers(buf, embed=False)
+    ring, waited = st.ring, []
+    for step in range(1, 4):
+        stage_token_inputs(buf, input_ids=torch.arange(step + 5), positions=torch.arange(step + 5), pad_to=8)
+    assert ring.step == 3 and int(ring.done[0]) == 3
+    ring.done[0] = 1  # step 2's slot (slot 0) would still be read by a launch queued behind a busy device
+    slot = 4 % 2 * ring.slot_words
+    before = ring.words[slot:slot + ring.slot_words].copy()
+
+    def wait(step):
+        assert step == 2
+        assert (ring.words[slot:slot + ring.slot_words] == before).all(), "a slot was rewritten while pending"
+        waited.append(step)
+        ring.done[0] = 3  # the device catches up
+
+    monkeypatch.setattr(ring, "_wait", wait)
+    ids = torch.arange(100, 109)
+    stage_token_inputs(buf, input_ids=ids, positions=ids + 1, pad_to=9)
+    assert waited == [2] and torch.equal(buf.input_ids[:9], ids) and ring.step == 4
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_buffers_copy_and_pickle_after_staging(path, how):
+    buf = allocate()
+    ids = torch.arange(3, 14)
+    stage_token_inputs(buf, input_ids=ids, positions=ids * 2, pad_to=12)
+    twin = copy.deepcopy(buf) if how == "deepcopy" else pickle.loads(pickle.dumps(buf))
+    assert torch.equal(twin.input_ids, buf.input_ids) and twin.input_ids.data_ptr() != buf.input_ids.data_ptr()
+    other = torch.arange(40, 45)
+    stage_token_inputs(twin, input_ids=other, positions=other, pad_to=5)
+    assert torch.equal(twin.input_ids[:5], other) and torch.equal(buf.input_ids[:11], ids)
+    stage_token_inputs(buf, input_ids=ids + 1, positions=ids, pad_to=11)
+    assert torch.equal(twin.input_ids[:5], other) and torch.equal(buf.input_ids[:11], ids + 1)
