@@ -23,6 +23,7 @@ belongs to one device and stages only into slabs on it.
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -58,8 +59,12 @@ class Entry(NamedTuple):
         return Entry(self.cache, self.slot, self.gen, self.first + start, stop - start)
 
 
+_KEY_TYPES = frozenset((bytes, str, int))
+_new = tuple.__new__  # (an Entry without NamedTuple's Python-level __new__: a hit costs the host less)
+
+
 def _check_key(key):
-    if type(key) not in (bytes, str, int):
+    if type(key) not in _KEY_TYPES:
         raise TypeError(f"key must be bytes, str or int (compared whole), got {type(key).__name__}")
     return key
 
@@ -97,6 +102,7 @@ class EncoderCache:
         self.tiers: list = []  # per slot: DEVICE, HOST or _FREE
         self.ats: list = []  # per slot: its first row in its tier's arena
         self.lens: list = []  # per slot: its rows
+        self.addrs: list = []  # per slot: the address of its first row
         self._spare: list = []  # free slots
         self.vec = not (self.row_bytes & 15 or self.bases[0] & 15 or (self.host.numel() and self.bases[1] & 15))
 
@@ -139,7 +145,9 @@ class EncoderCache:
     def get(self, key, rows: int | None = None) -> Entry | None:
         """The handle of ``key``'s entry (it becomes the most recently used), or None on a miss. ``rows``: the
         rows the caller expects (its placeholder count); an entry of other rows raises ``ValueError``."""
-        slot = self._slot_of.get(_check_key(key))
+        if type(key) not in _KEY_TYPES:  # (1.0 and True would find the key 1)
+            _check_key(key)
+        slot = self._slot_of.get(key)
         if slot is None:
             return None
         n = self.lens[slot]
@@ -147,7 +155,7 @@ class EncoderCache:
             raise ValueError(f"the cache entry of key {key!r} holds {n} rows but {rows} were expected: "
                              f"the item's placeholders and its encoder output disagree")
         self.lru[self.tiers[slot]].move_to_end(slot)
-        return Entry(self, slot, self.gens[slot], 0, n)
+        return _new(Entry, (self, slot, self.gens[slot], 0, n))
 
     def __contains__(self, key) -> bool:
         return key in self._slot_of
@@ -182,17 +190,14 @@ class EncoderCache:
             raise ValueError(f"media item {i} is an entry of another EncoderCache: a batch's entries come from one")
         if list(map(self.gens.__getitem__, slots)) != list(gens):
             self._check_live(entries[next(i for i, (s, g) in enumerate(zip(slots, gens)) if self.gens[s] != g)])
-        tiers, bases, rb, width = self.tiers, self.bases, self.row_bytes, self.width
-        ats = self.ats
-        addrs = [bases[tiers[s]] + (ats[s] + f) * rb for s, f in zip(slots, firsts)]
-        n = len(slots)
-        fields = [0] * (4 * n)
-        fields[0::4], fields[1::4], fields[3::4] = addrs, [width] * n, [width] * n
-        starts, total = [0] * n, 0
-        for i, r in enumerate(rows):
-            starts[i] = total
-            total += r
-        return starts, fields, total, slots
+        n, addrs = len(slots), list(map(self.addrs.__getitem__, slots))
+        if firsts.count(0) != n:  # parts of entries: their first rows
+            rb = self.row_bytes
+            addrs = [a + f * rb for a, f in zip(addrs, firsts)]
+        fields = [self.width] * (4 * n)
+        fields[0::4], fields[2::4] = addrs, [0] * n
+        starts = list(accumulate(rows, initial=0))
+        return starts, fields, starts.pop(), slots
 
     def spans(self) -> list:
         """``(name, first byte, end byte)`` of the arenas (what a staging call checks its destinations against)."""
@@ -222,10 +227,12 @@ class EncoderCache:
         at = self._room(DEVICE, rows)
         slot = self._spare.pop() if self._spare else len(self.gens)
         if slot == len(self.gens):
-            for col, v in ((self.keys, None), (self.gens, 0), (self.tiers, _FREE), (self.ats, 0), (self.lens, 0)):
+            for col, v in ((self.keys, None), (self.gens, 0), (self.tiers, _FREE), (self.ats, 0), (self.lens, 0),
+                           (self.addrs, 0)):
                 col.append(v)
             self.reads.grow(slot + 1)
         self.keys[slot], self.tiers[slot], self.ats[slot], self.lens[slot] = key, DEVICE, at, rows
+        self.addrs[slot] = self.bases[DEVICE] + at * self.row_bytes
         self.gens[slot] += 1
         self._slot_of[key] = slot
         self.lru[DEVICE][slot] = None
@@ -263,6 +270,7 @@ class EncoderCache:
         events += self.reads.take(slot)
         self.free[DEVICE].give(self.ats[slot], rows, events)
         self.tiers[slot], self.ats[slot] = HOST, at
+        self.addrs[slot] = self.bases[HOST] + at * self.row_bytes
         self.lru[HOST][slot] = None
 
     def _drop(self, slot: int) -> None:
