@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 
 import torch
 
@@ -22,10 +23,12 @@ __all__ = [
     "INT_DTYPES",
     "INT32_MAX",
     "check_bool",
+    "check_not_meta",
     "check_choice",
     "check_fill",
     "check_int",
     "check_real",
+    "check_float32",
     "check_tensor",
     "overlap_message",
     "byte_span",
@@ -39,6 +42,7 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 class NotAnIntError(TypeError, ValueError):
@@ -105,6 +109,17 @@ def check_real(name: str, v: object, *, finite: bool = True, lo: float | None = 
     return f
 
 
+def check_float32(name: str, v: object) -> float:
+    """``v`` as a Python float that float32 holds finite (what a kernel reads as an fp32 argument): the rules
+    of :func:`check_real`, then a value float32 would round to inf raises ``ValueError``."""
+    f = check_real(name, v)
+    try:
+        struct.pack("<f", f)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite number within float32's range (+-{F32_MAX:g}), got {f}") from None
+    return f
+
+
 def check_bool(name: str, v: object) -> bool:
     """``v`` must be a bool itself: ``1``, ``np.True_`` and other look-alikes are refused."""
     if type(v) is not bool:
@@ -116,6 +131,17 @@ def check_choice(name: str, v: object, choices: tuple) -> object:
     if not any(v == c and type(v) is type(c) for c in choices):
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {v!r}")
     return v
+
+
+def check_not_meta(run, names, args: tuple) -> None:
+    """A custom op's fake implementation given real ``meta`` tensors (not a tracer's fake tensors, which report
+    the device they stand for) raises what the op itself raises for them: ``run(*args)`` is the op's
+    implementation, which checks every tensor before anything is written; ``ValueError`` naming the first
+    meta tensor (``names``: the op's argument names) if it does not raise."""
+    meta = [name for name, a in zip(names, args) if isinstance(a, torch.Tensor) and a.device.type == "meta"]
+    if meta:
+        run(*args)
+        raise ValueError(f"{meta[0]} is on meta: a staging op reads and writes real memory")
 
 
 def _dtype_names(dtypes) -> str:

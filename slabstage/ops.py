@@ -27,7 +27,7 @@ from typing import List, Optional
 
 import torch
 
-from .checks import check_bool, check_choice, check_int, check_real, check_tensor
+from .checks import check_bool, check_choice, check_int, check_not_meta, check_real, check_tensor
 from .kernels.errors import check_error_word, default_error_word
 from .kernels.launch import Inputs
 from .kernels.op_stagers import slots_stager
@@ -47,10 +47,11 @@ def _op(qualname: str, fn, params: list, mutates: tuple):
     sig = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a)
                              for name, a in params], return_annotation=None)
     fn.__signature__ = sig
+    names = [name for name, _ in params]
     op = torch.library.custom_op(qualname, fn, mutates_args=mutates)
 
-    def fake(*args, **kwargs) -> None:
-        return None
+    def fake(*args, **kwargs) -> None:  # (meta tensors reach this too: refused as the op refuses them)
+        check_not_meta(fn, names, args + tuple(kwargs[name] for name in names[len(args):]))
 
     fake.__signature__ = sig
     op.register_fake(fake)

@@ -59,3 +59,17 @@ def kernel_only(device, monkeypatch):
         raise AssertionError("the PyTorch reference ran instead of the Triton kernel")
 
     monkeypatch.setattr(mod, "stage_reference", no_reference)
+
+
+@pytest.fixture(params=["triton", "reference"])
+def stage_path(request, monkeypatch):
+    """The one staging path on its Triton kernel (the interpreter on CPU) or on its PyTorch reference: every
+    stager, made before or after, takes the path asked for."""
+    from slabstage.kernels.launch import Stager
+    from slabstage.kernels.runtime import use_triton
+
+    if request.param == "reference":
+        monkeypatch.setattr(Stager, "triton", property(lambda self: False, lambda self, value: None), raising=False)
+    elif not use_triton(torch.device("cpu")) and not HAS_CUDA:
+        pytest.skip("the Triton path on CPU needs TRITON_INTERPRET=1")
+    return request.param

@@ -38,6 +38,8 @@ class PrefillBatch:
     out_cache_loc: torch.Tensor | None = None
     seq_lens: torch.Tensor | None = None
     extend_start_loc: torch.Tensor | None = None
+    prefix_lens: torch.Tensor | None = None
+    req_indices: torch.Tensor | None = None
     mrope_positions: torch.Tensor | None = None
     media: Media | None = None
     media_index: torch.Tensor | None = None

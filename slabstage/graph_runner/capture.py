@@ -72,7 +72,9 @@ def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
                         table=torch.randn(16, slab.shape[1], generator=g, device=host).to(buffers.device, slab.dtype),
                         mrope_positions=positions.expand(3, n) if buffers.mrope_positions is not None else None,
                         seq_lens=torch.tensor([n], dtype=torch.int32, device=host),
-                        extend_start_loc=torch.zeros(1, dtype=torch.int32, device=host))
+                        extend_start_loc=torch.zeros(1, dtype=torch.int32, device=host),
+                        prefix_lens=torch.zeros(1, dtype=torch.int32, device=host),
+                        req_indices=torch.zeros(1, dtype=torch.int32, device=host))
 
 
 def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buckets: list, *, pool, static,

@@ -12,8 +12,10 @@ __all__ = ["first_rows", "into_static", "bit_equal"]
 
 def first_rows(out: Any, n: int, clone: bool) -> Any:
     """``out`` (a tensor, or a tuple/list/dict of them) cut to its first ``n`` rows; ``TypeError`` for anything
-    else."""
+    else, ``ValueError`` for a 0-d tensor (no token axis)."""
     if isinstance(out, torch.Tensor):
+        if not out.dim():
+            raise ValueError("forward must return tensors whose first axis is the token axis; got a 0-d tensor")
         return out[:n].clone() if clone else out[:n]
     if isinstance(out, dict):
         return {k: first_rows(v, n, clone) for k, v in out.items()}

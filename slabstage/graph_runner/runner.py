@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..checks import check_choice, check_int, check_real
+from ..checks import check_bool, check_choice, check_int, check_real
 from ..kernels.launch import Stager
 from ..staging.buffers import StagingBuffers
 from .batch import PrefillBatch
@@ -77,6 +77,9 @@ class PrefillGraphRunner:
             raise TypeError(f"buffers must be StagingBuffers, got {type(buffers).__name__}")
         capacity = buffers.registry.capacity
         buckets = default_token_buckets(capacity) if buckets is None else buckets
+        if isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__iter__"):
+            raise TypeError(f"buckets must be a sequence of token counts (ints), got {buckets!r} "
+                            f"({type(buckets).__name__})")
         sizes = sorted({check_int(f"buckets[{i}]", b, lo=1) for i, b in enumerate(buckets)})
         if not sizes:
             raise ValueError(f"buckets must hold at least one token count, got {buckets!r}")
@@ -96,7 +99,7 @@ class PrefillGraphRunner:
         self.verify = verify
         self._user_pool = pool
         self.pool = pool
-        self.enforce_eager = bool(enforce_eager)
+        self.enforce_eager = check_bool("enforce_eager", enforce_eager)
         self.eager = self.enforce_eager or buffers.device.type != "cuda"
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
         self._dropped: dict[int, str] = {}  # bucket -> why the capture check dropped it
@@ -155,11 +158,12 @@ class PrefillGraphRunner:
         outputs every graph writes into) is captured and checked before ``run`` returns. That
         call synchronises with the device; every later one replays.
         """
+        if self._graphs or self._pending:
+            raise RuntimeError("already captured: call reset() before capturing again")
+        self._clear_stats()
         if self.eager:
             self._say(ENFORCE_EAGER if self.enforce_eager else NO_CUDA)
             return self
-        if self._graphs or self._pending:
-            raise RuntimeError("already captured: call reset() before capturing again")
         if lazy:
             self._pending = set(self.buckets)
             self._routes()
@@ -196,7 +200,12 @@ class PrefillGraphRunner:
         self._signature = None
         self._stager = None
         self.pool = self._user_pool
+        self._clear_stats()
         self.registry.unfreeze()
+
+    def _clear_stats(self) -> None:
+        """What :meth:`stats` counts starts again (at :meth:`capture` and :meth:`reset`)."""
+        self._replays, self._eager, self._padded = {}, {}, 0
 
     def _say(self, why: str) -> None:
         """Log once why the runner runs eagerly, the first time each reason comes up."""
@@ -228,7 +237,8 @@ class PrefillGraphRunner:
         self._views.clear()  # a view belongs to the bucket its n replayed in
 
     def stats(self) -> dict:
-        """``{"replays": {bucket: runs}, "eager": {reason: runs}, "padded_rows": rows}`` since capture."""
+        """``{"replays": {bucket: runs}, "eager": {reason: runs}, "padded_rows": rows}`` since the last
+        :meth:`capture` or :meth:`reset` (since the runner was made, before either)."""
         return {"replays": dict(self._replays), "eager": dict(self._eager), "padded_rows": self._padded}
 
     def run(self, batch: PrefillBatch, *, clone: bool = False) -> Any:

@@ -13,53 +13,41 @@ import torch
 
 from ._family import family_of
 
-__all__ = ["prefill_forward", "packed_attention_mask"]
+from .attention import NAME, Batch, active, register
+from .kv_cache import KVCache, cache_shape
 
-_ATTENTION = ("sdpa", "eager")
+__all__ = ["prefill_forward"]
 
-
-def packed_attention_mask(seq_lens: torch.Tensor, extend_start_loc: torch.Tensor,
-                          num_tokens_non_padded: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """``bool[1, 1, T, T]``: query ``q`` sees key ``k`` when both lie in one packed sequence and ``k <= q``.
-
-    Sequence ``i`` is rows ``[extend_start_loc[i], extend_start_loc[i] + seq_lens[i])``; entries with
-    ``seq_lens[i] == 0`` (the zero padding past the batch) hold no rows. Rows in no sequence, or at or
-    past ``num_tokens_non_padded[0]`` (padding up to the bucket), see only themselves, so they never
-    reach a real row and never produce an all-masked (NaN) softmax row. When every ``seq_lens`` is 0
-    (a batch staged without them) the real rows form one causal sequence.
-    Fixed shapes, device ops only: no host sync, capturable.
-    """
-    device = seq_lens.device
-    rows = torch.arange(num_tokens, device=device)
-    lens = seq_lens.to(torch.int64)[:, None]
-    starts = extend_start_loc.to(torch.int64)[:, None]
-    inside = (rows[None, :] >= starts) & (rows[None, :] < starts + lens)  # [B, T]
-    seq_ids = torch.arange(1, lens.shape[0] + 1, device=device)[:, None]
-    seq = (inside * seq_ids).sum(0) - 1  # [T]: the row's sequence, -1 for none
-    real = rows < num_tokens_non_padded.to(torch.int64)
-    seq = torch.where((lens > 0).any(), seq, torch.zeros_like(seq))  # no seq_lens staged: one sequence
-    seq = torch.where(real, seq, -1)
-    causal = rows[None, :] <= rows[:, None]
-    same = (seq[:, None] == seq[None, :]) & (seq[:, None] >= 0)
-    return ((same & causal) | (rows[:, None] == rows[None, :]))[None, None]
+_ATTENTION = ("sdpa", "eager", NAME)
 
 
-def prefill_forward(model):
+def prefill_forward(model, *, cache: KVCache | None = None):
     """``forward(views) -> [T, H]``: the language model of ``model`` over the slab, capturable.
 
     ``views`` is ``buffers.registry.views(bucket)``. It reads ``input_embeds [T, W]`` (column
     block 0, ``[:, :H]``, enters layer 0; for Qwen3-VL, block ``i + 1`` is added to the
     hidden states after decoder layer ``i < k``, whole blocks, text rows carrying zeros),
-    ``mrope_positions [3, T]`` for the VLMs (``positions [T]`` for decoder LMs), and
-    ``seq_lens``, ``extend_start_loc``, ``num_tokens_non_padded`` for the packed mask
-    (:func:`packed_attention_mask`). Buffers of one request a batch (``max_batch_size=1``) with
-    sdpa attention need no mask: SDPA runs causal. Returns the last hidden states after the final
-    norm, ``[T, H]``, in the model's dtype. No KV cache is read or written. Nothing in it changes
+    ``mrope_positions [3, T]`` for the VLMs (``positions [T]`` for decoder LMs), and the
+    per-request slots ``seq_lens``, ``extend_start_loc`` (request ``r`` is rows
+    ``[extend_start_loc[r], + seq_lens[r])``), ``prefix_lens`` and ``req_indices``, and
+    ``num_tokens_non_padded``. Returns the last hidden states after the final norm, ``[T, H]``, in
+    the model's dtype. Rows in no request (padding up to the bucket) attend to nothing and never
+    reach a real row; when every ``seq_lens`` is 0 (a batch staged without them) the real rows are
+    one request.
+
+    Attention is packed, with no ``[T, T]`` mask: each request's rows attend causally to each other
+    (a Triton kernel on CUDA, SDPA request by request on CPU). With ``cache`` (a
+    :class:`~slabstage.hf.KVCache` of this model), every layer also writes this chunk's K (after
+    rope and any k-norm, as HF caches it) and V at ``out_cache_loc`` (padding rows at slot 0, the
+    sink), and each request's rows attend first to its ``prefix_lens[r]`` cached tokens, the slots
+    ``cache.req_to_token[req_indices[r], :prefix_lens[r]]``: a prompt continued chunk by chunk.
+    Without ``cache`` nothing is written and ``prefix_lens`` is ignored. Nothing in it changes
     while a stream is capturing, so a replay runs the eager forward's kernels (docs/graphs.md).
 
     Raises ``TypeError``/:class:`WidthContractError` as :func:`input_embeds_width` does, and
-    ``ValueError`` for an attention implementation other than sdpa or eager (flash attention
-    would take packing from ``position_ids`` and ignore the mask) or for sliding-window layers.
+    ``ValueError`` for an attention implementation other than sdpa or eager (the model is loaded
+    with one of them; the forward swaps in its own), for sliding-window layers or layers of
+    different head shapes, and for a ``cache`` made for another model's shapes.
     """
     fam = family_of(model, "prefill_forward")
     lm, config = fam.language_model, fam.text_config
@@ -67,14 +55,20 @@ def prefill_forward(model):
     if impl not in _ATTENTION:
         raise ValueError(f"slabstage.hf.prefill_forward: attention implementation {impl!r} is not supported; "
                          f"load the model with attn_implementation='sdpa' (or 'eager')")
-    kinds = set(getattr(config, "layer_types", None) or ("full_attention",))
-    if kinds != {"full_attention"}:
-        raise ValueError(f"slabstage.hf.prefill_forward: {type(model).__name__} has layer types {sorted(kinds)}; "
-                         f"only full-attention layers are supported (no sliding window)")
+    shape = cache_shape(fam, "prefill_forward")
+    if cache is not None:
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"slabstage.hf.prefill_forward: cache must be a slabstage.hf.KVCache, got "
+                            f"{type(cache).__name__}")
+        if len(cache.k) != len(lm.layers) or tuple(cache.k[0].shape[1:]) != shape:
+            raise ValueError(f"slabstage.hf.prefill_forward: cache holds {len(cache.k)} layers of "
+                             f"{tuple(cache.k[0].shape[1:])} (kv_heads, head_dim); the model has {len(lm.layers)} "
+                             f"of {shape}")
+    register()
+    configs = list({id(layer.self_attn.config): layer.self_attn.config for layer in lm.layers}.values())
     hidden, levels, mrope = fam.hidden_size, fam.deepstack_levels, fam.is_vlm
     layers, norm, rotary = lm.layers, lm.norm, lm.rotary_emb
     dtype = next(lm.parameters()).dtype
-    additive = impl == "eager"  # eager attention adds its mask; sdpa takes a bool one as HF's own masks are
 
     def forward(views: dict) -> torch.Tensor:
         embeds = views["input_embeds"]
@@ -85,23 +79,20 @@ def prefill_forward(model):
         else:
             position_ids = views["positions"][None]  # [1, T]
         cos_sin = rotary(h, position_ids)
-        if views["seq_lens"].shape[0] == 1 and not additive:
-            # buffers of one request a batch: one sequence from row 0, so SDPA's own causal mask is exact for
-            # every real row (padding rows come last and only see rows before them), with no mask to build
-            # and the fastest kernel. Decided from a shape: the same in eager runs and in the graph.
-            mask = None
-        else:
-            mask = packed_attention_mask(views["seq_lens"], views["extend_start_loc"],
-                                         views["num_tokens_non_padded"], T)
-            if additive:
-                mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
-                    ~mask, torch.finfo(dtype).min)
-        for i, layer in enumerate(layers):
-            h = layer(h, attention_mask=mask, position_embeddings=cos_sin)
-            if isinstance(h, tuple):  # older layer APIs return (hidden, ...)
-                h = h[0]
-            if i < levels:  # DeepStack level i: zeros on text rows, so a whole-block add is exact
-                h = h + embeds[:, hidden * (i + 1):hidden * (i + 2)].to(dtype)[None]
+        saved = [c._attn_implementation for c in configs]
+        try:
+            for c in configs:
+                c._attn_implementation = NAME
+            with active(Batch(views, T, cache)):
+                for i, layer in enumerate(layers):
+                    h = layer(h, attention_mask=None, position_embeddings=cos_sin)
+                    if isinstance(h, tuple):  # older layer APIs return (hidden, ...)
+                        h = h[0]
+                    if i < levels:  # DeepStack level i: zeros on text rows, so a whole-block add is exact
+                        h = h + embeds[:, hidden * (i + 1):hidden * (i + 2)].to(dtype)[None]
+        finally:
+            for c, name in zip(configs, saved):
+                c._attn_implementation = name
         return norm(h)[0]
 
     return forward

@@ -36,7 +36,7 @@ def _tower(fam, pixel_values, grid_thw, video: bool):
 
 
 def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None, *,
-                cache=None, keys=None):
+                encoder_cache=None, keys=None):
     """Run the vision tower of ``model``; return one media item per image (``image_grid_thw`` order), then one
     per video (``video_grid_thw`` order): the order a :class:`Request`'s ``media`` takes.
 
@@ -54,7 +54,7 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
     vision tower or a non-integer grid, and ``ValueError`` when pixels come without their grid
     or do not hold one row per patch of it.
 
-    ``cache`` (an :class:`~slabstage.cache.EncoderCache` at the slab's width) with ``keys`` (one per item, in
+    ``encoder_cache`` (an :class:`~slabstage.cache.EncoderCache` at the slab's width) with ``keys`` (one per item, in
     the same order: the item's content hash or any ``bytes``/``str``/``int`` naming it whole): items already
     cached are not encoded again (their rows are checked against their grid); the tower runs on the others'
     pixels alone and their outputs are put in the cache. Returns the items' cache handles
@@ -65,10 +65,12 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
     if not fam.is_vlm:
         raise TypeError(f"slabstage.hf.media_items: {type(model).__name__} ({fam.name}) has no vision tower")
     merge = int(fam.vision_config.spatial_merge_size)
+    cache = encoder_cache
     if cache is not None:
         count = sum(0 if g is None else len(g) for g in (image_grid_thw, video_grid_thw))
         if type(keys) not in (list, tuple) or len(keys) != count:
-            raise ValueError(f"slabstage.hf.media_items: cache= needs keys=, a list of one key per item ({count})")
+            raise ValueError(f"slabstage.hf.media_items: encoder_cache= needs keys=, a list of one key per item "
+                             f"({count})")
     items, at = [], 0
     for pixels, grid, video in ((pixel_values, image_grid_thw, False), (pixel_values_videos, video_grid_thw, True)):
         name, pixels_name = ("video_grid_thw", "pixel_values_videos") if video else ("image_grid_thw", "pixel_values")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import inspect
 
+import numpy as np
 import torch
 
 from ..kernels.mrope import MropeLayout
 from ._checks import as_prompt_ids, check_grid_rows, check_placeholders, check_seconds, placeholder_runs
 from ._family import family_of
 
-__all__ = ["mrope_positions", "mm_token_type_ids", "rope_layout", "layout_of_rows", "layout_rule"]
+__all__ = ["mrope_positions", "mm_token_type_ids", "rope_layout", "layout_of_rows", "layout_rule", "layout_takes"]
 
 # the get_rope_index rules slabstage follows without calling it: transformers 5.6 grouped the prompt by token
 # type (text counts on from p + max(h, w) / merge after an item); 5.18 multiplies a Qwen2.5-VL video's frame
@@ -54,7 +55,7 @@ def check_vlm_prompt(fam, ids: torch.Tensor, image_grid_thw, video_grid_thw, sec
 
 def grid_tensor(rows: list | None) -> torch.Tensor | None:
     """Checked grid rows (:func:`check_vlm_grids`) as the host ``int64[N, 3]`` HF takes (None stays None)."""
-    return None if rows is None else torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+    return None if rows is None else torch.tensor(rows, dtype=torch.int64, device="cpu").reshape(-1, 3)
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,6 +70,21 @@ def layout_rule(version: str) -> str | None:
     if (major, minor) < LAYOUT_MIN_TRANSFORMERS:
         return None
     return "float" if (major, minor) >= FLOAT_INTERVALS_FROM else "int"
+
+
+def layout_takes(second_per_grid_ts, rule: str | None) -> bool:
+    """Whether a :class:`~slabstage.MropeLayout` holds the intervals ``get_rope_index`` makes of
+    ``second_per_grid_ts`` under ``rule``: not where it multiplies the frame indices in float16 or bfloat16 (a
+    half-precision tensor, or a list of 0-d ones, as a processor's output moved with ``.to(device, dtype)``
+    holds); such a request's positions come from ``get_rope_index`` itself."""
+    if rule is None:
+        return False
+    if rule == "int" or second_per_grid_ts is None:
+        return True
+    values = second_per_grid_ts if isinstance(second_per_grid_ts, torch.Tensor) else list(second_per_grid_ts)
+    if isinstance(values, torch.Tensor):
+        return values.dtype not in (torch.float16, torch.bfloat16)
+    return not any(isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) for v in values)
 
 
 def rope_layout(fam, runs, images, videos, second_per_grid_ts, start: int, end: int, rule: str) -> MropeLayout:
@@ -99,8 +115,9 @@ def layout_of_rows(fam, runs, images, videos, second_per_grid_ts, start: int, en
             intervals.append(tps * 1)
         elif rule == "int":
             intervals.append(tps * int(second_per_grid_ts[j]))
-        else:
-            intervals.append(tps * second_per_grid_ts[j])  # (a tensor's element stays a tensor of its dtype)
+        else:  # (a tensor's element stays a tensor of its dtype; a numpy one is a Python number to torch)
+            interval = tps * second_per_grid_ts[j]
+            intervals.append(interval.item() if isinstance(interval, np.generic) else interval)
     return MropeLayout(end - start, starts, grids, fam.merge, intervals, start)
 
 

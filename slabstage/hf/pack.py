@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Sequence
@@ -14,7 +13,7 @@ from ..graph_runner.batch import PrefillBatch
 from ..kernels.mrope import mrope_from_segments, mrope_segments
 from ._checks import as_prompt_ids, check_chunk, check_items, check_mrope, check_placeholders, placeholder_runs
 from ._family import family_of, transformers_version
-from .mrope import check_vlm_grids, grid_tensor, layout_of_rows, layout_rule, rope_index
+from .mrope import check_vlm_grids, grid_tensor, layout_of_rows, layout_rule, layout_takes, rope_index
 
 __all__ = ["Request", "pack_requests"]
 
@@ -32,7 +31,9 @@ class Request:
     prompt to prefill in this batch (default: all of it); a chunk may cut an image, its first
     media row is then a row inside that image. ``mrope_positions``: the whole prompt's
     ``[3, L]`` (computed from the grids when not given). A text-only model takes none of
-    ``media``, the grids, ``second_per_grid_ts`` or ``mrope_positions``.
+    ``media``, the grids, ``second_per_grid_ts`` or ``mrope_positions``. ``req_index``: the
+    request's row of a :class:`KVCache`'s ``req_to_token`` (default: its place in the batch); a
+    chunk that starts at token ``s`` attends to the ``s`` tokens cached by earlier chunks there.
     """
 
     input_ids: torch.Tensor
@@ -42,6 +43,7 @@ class Request:
     second_per_grid_ts: torch.Tensor | None = None
     chunk: tuple[int, int] | None = None
     mrope_positions: torch.Tensor | None = None
+    req_index: int | None = None
 
 
 @dataclass
@@ -101,7 +103,7 @@ def _check(fam, requests: list, first: int) -> _Checked:
                                            where)
             images.append(image)
             videos.append(video)
-            media.append(() if req.media is None else req.media)
+            media.append(() if req.media is None else _blocks_as_tuples(req.media))
             continue
         given = [name for name in _VLM_ONLY if getattr(req, name) is not None and not _empty(getattr(req, name))]
         if given:
@@ -124,11 +126,20 @@ def _check(fam, requests: list, first: int) -> _Checked:
     return _Checked(chunks, images, videos, runs, media, rows, ids, values, firsts, own)
 
 
+def _blocks_as_tuples(media):
+    """An item given as a list of column blocks is the tuple of them that staging takes (HF's own blocks are
+    lists); anything else is left to :func:`check_items`."""
+    if type(media) in (list, tuple) and any(type(item) is list for item in media):
+        return [tuple(item) if type(item) is list else item for item in media]
+    return media
+
+
 def _empty(value) -> bool:
     return isinstance(value, (list, tuple)) and not value
 
 
-def pack_requests(model, requests: Sequence[Request], *, device=None, expand: str = "zeros") -> PrefillBatch:
+def pack_requests(model, requests: Sequence[Request], *, device=None, expand: str = "zeros",
+                  cache=None) -> PrefillBatch:
     """One :class:`PrefillBatch` holding ``requests`` back to back.
 
     Per request (its ``chunk``, default the whole prompt): ``input_ids``, ``positions`` (the
@@ -155,6 +166,13 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     grids given to a text-only model, and a model whose rope depends on the sequence length
     (``dynamic``, ``longrope``: the packed batch would give every request the longest one's
     frequencies).
+
+    ``cache``: a :class:`~slabstage.hf.KVCache` the batch prefills into. Then ``prefix_lens`` is
+    each chunk's start (the tokens earlier chunks cached), ``req_indices`` each request's
+    ``req_index``, ``out_cache_loc`` the default layout's slots of the chunk's tokens
+    (:meth:`KVCache.slots`), and those slots are written into the request's ``req_to_token`` row.
+    Raises ``ValueError`` for two requests of one row, or a row or chunk outside the cache. Without
+    ``cache``, ``prefix_lens`` is 0 and ``req_indices`` each request's place.
     """
     fam = family_of(model, "pack_requests")
     table = fam.language_model.embed_tokens.weight
@@ -180,13 +198,14 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     media_index, items, mrope = None, [], None
     if fam.is_vlm:
         rule = layout_rule(transformers_version() or "0")
-        as_tensor = rule is None or c.own_mrope
+        hf = [req.mrope_positions is None and not layout_takes(req.second_per_grid_ts, rule) for req in requests]
+        as_tensor = c.own_mrope or any(hf)
         mrope = []
-        for req, a, b, (start, end), images, videos, runs in zip(requests, c.firsts, c.firsts[1:], c.chunks,
-                                                                  c.images, c.videos, c.runs):
+        for req, a, b, (start, end), images, videos, runs, by_hf in zip(requests, c.firsts, c.firsts[1:], c.chunks,
+                                                                         c.images, c.videos, c.runs, hf):
             if req.mrope_positions is not None:
                 mrope.append(req.mrope_positions.to("cpu", torch.int64)[:, start:end])
-            elif rule is None:
+            elif by_hf:
                 whole = rope_index(fam, c.ids[a:b], grid_tensor(images), grid_tensor(videos), req.second_per_grid_ts)
                 mrope.append(whole[:, start:end])
             else:
@@ -200,11 +219,39 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
             media_index = torch.from_numpy(index)
             if device is not None and device.type != "cpu":
                 media_index = media_index.to(device)
+    prefix_lens, req_indices, cache_loc = _cache_slots(requests, c.chunks, cache)
     return PrefillBatch(
-        input_ids=ids, positions=torch.from_numpy(positions), table=table,
+        input_ids=ids, positions=torch.from_numpy(positions), table=table, out_cache_loc=cache_loc,
+        prefix_lens=prefix_lens, req_indices=req_indices,
         mrope_positions=mrope, seq_lens=torch.from_numpy(np.array(seq_lens, dtype=np.int32)),
         extend_start_loc=torch.from_numpy(np.array(dst0, dtype=np.int32)), media=items or None,
         media_index=media_index, expand=expand)
+
+
+def _cache_slots(requests: list, chunks: list, cache) -> tuple:
+    """``(prefix_lens, req_indices, out_cache_loc)`` host tensors (``out_cache_loc`` None without a cache); with
+    one, each chunk's slots written into its ``req_to_token`` row."""
+    rows = [k if req.req_index is None else req.req_index for k, req in enumerate(requests)]
+    if cache is None:
+        return torch.zeros(len(rows), dtype=torch.int32), torch.tensor(rows, dtype=torch.int32), None
+    from .kv_cache import KVCache
+
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"slabstage.hf.pack_requests: cache must be a slabstage.hf.KVCache, got {type(cache).__name__}")
+    if len(set(rows)) != len(rows):
+        raise ValueError(f"slabstage.hf.pack_requests: requests share a req_index ({rows}): one row each")
+    locs = []
+    for k, (row, (start, end)) in enumerate(zip(rows, chunks)):
+        if isinstance(row, bool) or not isinstance(row, int):
+            raise TypeError(f"slabstage.hf.pack_requests: request {k}: req_index must be an int, got {row!r}")
+        try:
+            locs.append(cache.slots(row, start, end - start))
+        except ValueError as e:
+            raise ValueError(f"slabstage.hf.pack_requests: request {k}: {e}") from None
+    for row, (start, end), loc in zip(rows, chunks, locs):  # (every request checked first: nothing written)
+        cache.req_to_token[row, start:end] = loc.to(cache.req_to_token.device, cache.req_to_token.dtype)
+    starts = torch.tensor([start for start, _ in chunks], dtype=torch.int32)
+    return starts, torch.tensor(rows, dtype=torch.int32), torch.cat(locs)
 
 
 _COUNT = np.arange(4096, dtype=np.int64)
@@ -221,39 +268,35 @@ def _count(size: int) -> np.ndarray:
 
 
 def _take_media(c: _Checked, dst0: list, n: int) -> tuple[np.ndarray | None, list]:
-    """``(index, items)``: the items the chunks read, each request's after the one before (rebased), and
-    ``index`` (``n`` rows, request ``k``'s from ``dst0[k]``): each placeholder token's media row among them,
-    -1 for text. Items lie end to end: the images', then the videos' (a Qwen3-VL frame is a run inside its
-    video's item). A few operations a run."""
-    spans, items = [], []  # (first batch row, first media row, tokens) of each run a chunk reads
+    """``(index, items)``: the items the chunks read (only those: a chunk may skip an item between two it
+    reads), each request's after the one before, in item order, and ``index`` (``n`` rows, request ``k``'s from
+    ``dst0[k]``): each placeholder token's media row among them, -1 for text. A request's items are its images',
+    then its videos' (a Qwen3-VL frame is a run inside its video's item). A few operations a run."""
+    spans, items = [], []  # (first batch row, media row among the items taken, tokens) of each run a chunk reads
     media_rows = 0  # rows of the items taken so far
-    for row0, (start, end), runs, media, rows in zip(dst0, c.chunks, c.runs, c.media, c.rows):
-        touched = []  # (first batch row, its media row among the request's items, tokens) of each run read
-        lo, stop = None, 0  # the first media row read, the one past the last (a video's runs may come first)
-        for s, length, _, _, row in runs:
+    for row0, (start, end), runs, media, rows, images in zip(dst0, c.chunks, c.runs, c.media, c.rows, c.images):
+        touched, read = [], {}  # runs read: (first batch row, media row in the request, tokens, item); item: shift
+        videos_from = len(images or ())
+        for s, length, kind, j, row in runs:
             a = s if s > start else start
             b = s + length if s + length < end else end
             if a < b:
-                f = row + a - s
-                touched.append((row0 + a - start, f, b - a))
-                if lo is None or f < lo:
-                    lo = f
-                if f + b - a > stop:
-                    stop = f + b - a
-        if lo is None:
+                item = j if kind == 1 else videos_from + j
+                touched.append((row0 + a - start, row + a - s, b - a, item))
+                read[item] = 0
+        if not read:
             continue
-        ends = list(accumulate(rows))  # each item's end row
-        first, last = bisect_right(ends, lo), bisect_right(ends, stop - 1)  # the items that hold them
-        base = ends[first] - rows[first]
-        items += media[first:last + 1]
-        spans.append((media_rows - base, touched))  # (rebased: the first item taken starts at media_rows)
-        media_rows += ends[last] - base
+        firsts = [0, *accumulate(rows)]  # each item's first row among the request's items
+        for item in sorted(read):
+            read[item] = media_rows - firsts[item]
+            items.append(media[item])
+            media_rows += rows[item]
+        spans += ((row, f + read[item], tokens) for row, f, tokens, item in touched)
     if not items:
         return None, items
     count = _count(media_rows)
     index = np.empty(n, dtype=np.int64)
     index.fill(-1)
-    for shift, touched in spans:
-        for row, f, tokens in touched:  # (a run: a slice, no loop over its tokens)
-            index[row:row + tokens] = count[f + shift:f + shift + tokens]
+    for row, f, tokens in spans:  # (a run: a slice, no loop over its tokens)
+        index[row:row + tokens] = count[f:f + tokens]
     return index, items

@@ -15,8 +15,8 @@ from ctypes import c_char, memmove
 import torch
 
 from .mrope import SEGMENT_WORDS
-from .params import (F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED, F_TEXT_VEC,
-                     F_TEXT_WRAP, FLOAT_CODE, H_B, H_COUNTER, H_DONE, H_FLAGS, H_IDS, H_IDS_DTYPE, H_INDEX,
+from .params import (MAX_ITEM_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED,
+                     F_TEXT_VEC, F_TEXT_WRAP, FLOAT_CODE, H_B, H_COUNTER, H_DONE, H_FLAGS, H_IDS, H_IDS_DTYPE, H_INDEX,
                      H_INDEX_DTYPE, H_ITEMS, H_N, H_NUM_MEDIA, H_PAD_TO, H_SCALE, H_STEP, H_TABLE, H_TABLE_DTYPE,
                      H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS, HEADER_WORDS, INT_CODE, LAYOUT_CODE,
                      SOURCE_WORDS)
@@ -25,9 +25,6 @@ from .configuration import ELEM, LAYOUT_SLOT, Config
 from .validate import Checked
 
 __all__ = ["BlockWriter", "MAX_ITEM_WORDS"]
-
-MAX_ITEM_WORDS = 1 << 14  # the room of the item and segment lists in a parameter block: 1 + 4 x blocks
-# words an item, 8 words a segment of mrope positions
 
 
 def _f32_bits(x: float) -> int:
@@ -66,13 +63,7 @@ class BlockWriter:
     def _write(self, c: Checked, own_block: bool) -> None:
         config, plan, segments = c.config, c.media, c.segments
         item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
-        seg_words = 0 if segments is None else len(segments)
-        if item_words + seg_words > MAX_ITEM_WORDS:
-            what = f"media has {len(plan.starts)} items of {plan.blocks} column blocks" if plan is not None else ""
-            if seg_words:
-                what += (" and " if what else "") + f"the mrope layouts make {seg_words // SEGMENT_WORDS} segments"
-            raise ValueError(f"{what}: their lists take {item_words + seg_words} words, at most {MAX_ITEM_WORDS} "
-                             f"fit the parameter block")
+        seg_words = 0 if segments is None else len(segments)  # (their room was checked with the batch)
         base = self._base
         if own_block:  # a device block of its own (in the capturing graph's pool), kept with its host block
             with torch.inference_mode(False):

@@ -26,7 +26,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ..checks import check_int, is_int
+from ..checks import INT64_MAX, check_float32, check_int, is_int
 
 __all__ = ["MropeLayout", "check_layouts", "mrope_segments", "mrope_from_segments", "SEGMENT_WORDS"]
 
@@ -99,7 +99,7 @@ def _intervals(intervals, count: int, where: str) -> list[tuple[int, int]]:
             code = _FLOAT_CODE[intervals.dtype]
             values = intervals.tolist()
         elif not (intervals.dtype.is_floating_point or intervals.dtype.is_complex or intervals.dtype == torch.bool):
-            return [(I_INT, v) for v in intervals.tolist()]
+            return [(I_INT, check_int(f"{where} intervals[{j}]", v)) for j, v in enumerate(intervals.tolist())]
         else:
             raise TypeError(f"{where} intervals must be an integer, float32 or float64 tensor, got {intervals.dtype}")
         out = []
@@ -119,10 +119,10 @@ def _intervals(intervals, count: int, where: str) -> list[tuple[int, int]]:
             elif v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
                 raise TypeError(f"{where} intervals[{j}] is a {v.dtype} tensor: give an int, float32 or float64")
             else:
-                out.append((I_INT, int(v.item())))
+                out.append((I_INT, check_int(f"{where} intervals[{j}]", v.item(), lo=-INT64_MAX - 1)))
                 continue
         elif is_int(v):
-            out.append((I_INT, int(v)))
+            out.append((I_INT, check_int(f"{where} intervals[{j}]", v, lo=-INT64_MAX - 1)))
             continue
         elif isinstance(v, float):
             code, f = I_F32, v  # a Python float: torch multiplies an int64 arange by it in float32
@@ -130,6 +130,8 @@ def _intervals(intervals, count: int, where: str) -> list[tuple[int, int]]:
             raise TypeError(f"{where} intervals[{j}] must be an int or a float, got {v!r} ({type(v).__name__})")
         if not math.isfinite(f):
             raise ValueError(f"{where} intervals[{j}] is {f}: must be finite")
+        if code == I_F32:
+            check_float32(f"{where} intervals[{j}]", f)
         out.append((code, _bits(f, code)))
     return out
 
@@ -151,8 +153,11 @@ def _temporal(i: int, code: int, word: int) -> int:
     if code == I_INT:
         return i * word
     if code == I_F32:
-        return int(np.float32(i) * np.float32(_value(code, word)))
-    return int(float(i) * _value(code, word))
+        with np.errstate(over="ignore"):
+            f = float(np.float32(i) * np.float32(_value(code, word)))
+    else:
+        f = float(i) * _value(code, word)
+    return int(f) if math.isfinite(f) else int(math.copysign(2**64, f))  # (past int64 either way: refused)
 
 
 def _items(layout, where: str) -> tuple[list, int]:
@@ -166,7 +171,7 @@ def _items(layout, where: str) -> tuple[list, int]:
     codes = _intervals(layout.intervals, len(starts), where)
     items, end = [], 0
     for j, (start, grid, (code, word)) in enumerate(zip(starts, grids, codes)):
-        if not is_int(start) or start < end:
+        if not is_int(start) or not end <= start <= INT64_MAX:
             raise ValueError(f"{where} starts[{j}] = {start!r}: items start at ints, ascending, each after the end "
                              f"of the one before ({end})")
         try:
@@ -179,6 +184,8 @@ def _items(layout, where: str) -> tuple[list, int]:
                              f"of merge={merge}")
         lh, lw = h // merge, w // merge
         end = start + t * lh * lw
+        if end > INT64_MAX:
+            raise ValueError(f"{where} grids[{j}] = {grid!r}: the item's tokens end at {end}, past int64")
         items.append((int(start), end, lh, lw, t, code, word))
     return items, offset
 
@@ -198,50 +205,72 @@ def check_layouts(layouts) -> tuple:
     return tuple(layouts)
 
 
-def mrope_segments(layouts, n: int) -> list[int]:
+def mrope_segments(layouts, n: int, dtype: torch.dtype = torch.int64) -> list[int]:
     """The segment list of a batch of ``n`` rows (``SEGMENT_WORDS`` ints a segment, rows ascending from 0).
 
     ``layouts``: a :class:`MropeLayout` (one request) or a sequence of them, one per request in row order,
-    their ``tokens`` adding up to ``n``. Raises ``TypeError``/``ValueError`` naming the request and field."""
+    their ``tokens`` adding up to ``n``; ``dtype``: the slot the positions go to (int32 or int64). Raises
+    ``TypeError``/``ValueError`` naming the request and field, or the request whose positions ``dtype``
+    cannot hold."""
     layouts = check_layouts(layouts)
+    info = torch.iinfo(dtype)
     words: list[int] = []
     row = 0
     for r, layout in enumerate(layouts):
         where = f"mrope_positions[{r}]:" if len(layouts) > 1 else "mrope_positions:"
         items, offset = _items(layout, where)
         tokens = check_int(f"{where} tokens", layout.tokens, lo=1)
-        _request(words, items, row, offset, tokens)
+        low, high = _request(words, items, row, offset, tokens)
+        if low < info.min or high > info.max:
+            raise ValueError(f"{where} its positions reach {low if low < info.min else high} (offset={offset}, "
+                             f"tokens={tokens}), past what the {dtype} mrope_positions slot holds "
+                             f"([{info.min}, {info.max}])")
         row += tokens
     if row != n:
         raise ValueError(f"mrope_positions: the layouts' tokens add up to {row} but the batch has {n} rows")
     return words
 
 
-def _request(words: list, items: list, row0: int, offset: int, tokens: int) -> None:
-    """Append the segments of one request's rows ``[row0, row0 + tokens)``, prompt tokens from ``offset``."""
+def _request(words: list, items: list, row0: int, offset: int, tokens: int) -> tuple[int, int]:
+    """Append the segments of one request's rows ``[row0, row0 + tokens)``, prompt tokens from ``offset``;
+    return the least and the greatest position they hold (bounds: a piece of an item counts its whole rows
+    and columns)."""
     lo, hi = offset, offset + tokens  # the chunk, in prompt tokens
     delta, prev = 0, 0  # text position = prompt index + delta; prev: where the text run starts
     shift = row0 - offset  # batch row = prompt index + shift
+    low, high = None, None
     for start, end, lh, lw, _, code, word in items:
         if start >= hi:
             break
         a, b = max(prev, lo), min(start, hi)  # the text before the item
         if a < b:
             words += (a + shift, delta - shift, 0, 1, 0, I_INT, 0, 0)
+            low, high = _span(low, high, a + delta, b - 1 + delta)
         base = start + delta
         a, b = max(start, lo), min(end, hi)
         if a < b:
             words += (a + shift, base, lh * lw, lw, a - start, code, word, 0)
+            first, last = _temporal((a - start) // (lh * lw), code, word), _temporal((b - 1 - start) // (lh * lw),
+                                                                                      code, word)
+            low, high = _span(low, high, base + min(first, last, 0), base + max(first, last, lh - 1, lw - 1))
         delta, prev = base + max(lh, lw) - end, end
     a = max(prev, lo)
     if a < hi:
         words += (a + shift, delta - shift, 0, 1, 0, I_INT, 0, 0)
+        low, high = _span(low, high, a + delta, hi - 1 + delta)
+    return low, high
+
+
+def _span(low, high, a: int, b: int) -> tuple[int, int]:
+    return (a, b) if low is None else (min(low, a), max(high, b))
 
 
 def mrope_from_segments(words: Sequence[int], n: int, device=None) -> torch.Tensor:
-    """``int64[3, n]``: the positions the kernel writes from the segment list ``words`` (PyTorch reference)."""
-    segs = torch.tensor(words, dtype=torch.int64).view(-1, SEGMENT_WORDS)
-    rows = torch.arange(n, dtype=torch.int64)
+    """``int64[3, n]`` on ``device`` (default: the host, whatever torch's default device is): the positions the
+    kernel writes from the segment list ``words`` (PyTorch reference)."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    segs = torch.tensor(words, dtype=torch.int64, device=device).view(-1, SEGMENT_WORDS)
+    rows = torch.arange(n, dtype=torch.int64, device=device)
     seg = torch.searchsorted(segs[:, 0].contiguous(), rows, right=True) - 1
     row0, base, area, lw, q0, code, word = (segs[seg, k] for k in range(7))
     text = area == 0
@@ -254,5 +283,4 @@ def mrope_from_segments(words: Sequence[int], n: int, device=None) -> torch.Tens
                            torch.where(code == I_F32, (i.to(torch.float32) * f32).to(torch.int64),
                                        (i.to(torch.float64) * f64).to(torch.int64)))
     out = torch.stack([base + temporal, base + (q % area) // lw, base + q % lw])
-    out = torch.where(text, rows + base, out)
-    return out.to(device) if device is not None else out
+    return torch.where(text, rows + base, out)

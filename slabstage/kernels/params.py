@@ -41,8 +41,8 @@ import time
 
 import torch
 
-__all__ = ["HEADER_WORDS", "SOURCE_WORDS", "DEST_WORDS", "INT_CODE", "LAYOUT_CODE", "FLOAT_CODE", "FLOAT_BYTES",
-           "PinnedRing"]
+__all__ = ["HEADER_WORDS", "MAX_ITEM_WORDS", "SOURCE_WORDS", "DEST_WORDS", "INT_CODE", "LAYOUT_CODE", "FLOAT_CODE",
+           "FLOAT_BYTES", "PinnedRing"]
 
 # -- header ------------------------------------------------------------------------------
 (H_STEP, H_DONE, H_COUNTER, H_WORDS, H_N, H_B, H_VOCAB_START, H_VOCAB_END, H_VOCAB_SIZE, H_SCALE, H_FLAGS,
@@ -65,6 +65,9 @@ S_ADDR, S_DTYPE, S_STRIDE = range(3)  # at HEADER_WORDS + SOURCE_WORDS * slot
 SOURCE_WORDS = 3
 D_ADDR, D_DTYPE, D_STRIDE, D_FILL, D_PAD, D_KIND, D_ROWS, D_LENGTH = range(8)  # after every source
 DEST_WORDS = 8
+
+# -- the item and segment lists after the destinations: their room in every block (checked with the batch)
+MAX_ITEM_WORDS = 1 << 14  # 1 + 4 x column blocks words a media item, 8 words a segment of mrope positions
 
 # -- how the kernels tile a batch -----------------------------------------------------------
 TOK_BLOCK = 128  # integer-slot rows per program

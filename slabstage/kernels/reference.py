@@ -108,7 +108,7 @@ def stage_reference(dst, c) -> None:
                 continue
             src = sources[k]
             if src is None and k == LAYOUT_SLOT and c.segments is not None:
-                src = mrope_from_segments(c.segments, c.n)
+                src = mrope_from_segments(c.segments, c.n, slot.device)
             if src is None:
                 continue
             count, limit = (c.b, slot.shape[0]) if spec.kind == REQUESTS else (c.n, c.pad_to)

@@ -48,7 +48,7 @@ def stage_embeddings(
         pad_to: rows to write in all, ``n <= pad_to <= rows`` (default ``n``).
         expand: how a source narrower than ``W`` fills the row: ``"zeros"`` or
             ``"repeat"`` (tiled; ``W`` must be a multiple of the source width).
-        text_scale: a finite float.
+        text_scale: a finite number that float32 holds (past its range: ``ValueError``).
         vocab_range: ``(start, end)``: the table holds vocabulary rows
             ``start..end-1`` (vocab-parallel shard); other valid ids give zero rows.
         vocab_size: the whole vocabulary's size, for the bad-id check (default:

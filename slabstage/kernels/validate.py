@@ -19,13 +19,14 @@ import math
 from itertools import chain
 from typing import NamedTuple
 
-from ..checks import INT32_MAX, check_int, check_real, check_tensor, check_values, vocab_bounds
+from ..checks import F32_MAX, INT32_MAX, check_float32, check_int, check_tensor, check_values, vocab_bounds
 from ..staging.slots import REQUESTS, ROWS
 from .configuration import (ELEM, EXPAND, INDEX, LAYOUT_SLOT, MEDIA, OWNER, RANGE, SCALE, SIZE, SOURCES, TABLE,
                             Config, configuration, fields_of)
 from .destinations import Destinations
 from .media import MediaPlan, describe_media, one_tensor_plan
-from .mrope import check_layouts, mrope_segments
+from .mrope import SEGMENT_WORDS, check_layouts, mrope_segments
+from .params import MAX_ITEM_WORDS
 
 __all__ = ["Checked", "check_batch", "check_sources"]
 
@@ -100,8 +101,9 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
             if any(t is not None for t in dst.slots):
                 raise ValueError("mrope_positions given but the buffers were allocated without mrope=True")
         else:
-            segments = mrope_segments(layouts, n)
+            segments = mrope_segments(layouts, n, dst.slots[LAYOUT_SLOT].dtype)
     if not embed:
+        _check_room(None, segments)
         _clear(dst, spans)
         return Checked(config, n, b, pad_to, vals, reads, segments=segments)
 
@@ -122,12 +124,13 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     elif plan is not None:
         raise ValueError("media was given without media_index: say which rows are media rows")
     scale = vals[SCALE]
-    if scale is not None and not (type(scale) is float and math.isfinite(scale)):
-        scale = check_real("text_scale", scale)
+    if scale is not None and not (type(scale) is float and math.isfinite(scale) and abs(scale) <= F32_MAX):
+        scale = check_float32("text_scale", scale)
     if vals[RANGE] is None and vals[SIZE] is None and rows <= INT32_MAX:
         bounds = (0, rows, rows)
     else:
         bounds = vocab_bounds(vals[RANGE], vals[SIZE], rows)
+    _check_room(plan, segments)
     if rows and tw:
         spans += ("table", ptrs[t], ptrs[t] + ((rows - 1) * strides[t][0] + tw) * ELEM[dtypes[t]])
     _clear(dst, spans, plan)
@@ -146,7 +149,7 @@ def _check_lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> 
             if b < 0:
                 b = shape[0] if len(shape) == 1 else 0
             elif shape[0] != b:
-                raise ValueError(f"extend_start_loc has {shape[0]} entries but seq_lens has {b}: one per request")
+                raise ValueError(f"{name} has {shape[0]} entries but seq_lens has {b}: one per request")
             want = (b,)
         else:
             want = (rows, n) if kind == ROWS else (n,)
@@ -168,6 +171,19 @@ def _check_index(vals: tuple, reads: tuple, i: int, n: int) -> None:
     """``media_index`` (read at position ``i``) is ``[n]`` and contiguous."""
     if reads[3][i] != (n,) or (n > 1 and reads[4][i][0] != 1):
         check_tensor("media_index", vals[INDEX], shape=(n,))  # names what is wrong
+
+
+def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
+    """The media items' and the mrope segments' lists fit the parameter block's room for them (on every path:
+    the reference has no block, and answers as the kernel does)."""
+    item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
+    seg_words = 0 if segments is None else len(segments)
+    if item_words + seg_words > MAX_ITEM_WORDS:
+        what = f"media has {len(plan.starts)} items of {plan.blocks} column blocks" if plan is not None else ""
+        if seg_words:
+            what += (" and " if what else "") + f"the mrope layouts make {seg_words // SEGMENT_WORDS} segments"
+        raise ValueError(f"{what}: their lists take {item_words + seg_words} words, at most {MAX_ITEM_WORDS} "
+                         f"fit the parameter block")
 
 
 def _clear(dst: Destinations, spans: list, plan: MediaPlan | None = None) -> None:

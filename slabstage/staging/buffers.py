@@ -53,6 +53,8 @@ class StagingBuffers:
     mrope_positions    [3, max_num_tokens]        int64 (mrope=True)      1
     seq_lens           [max_batch_size]           int32                   none
     extend_start_loc   [max_batch_size]           int32                   none
+    prefix_lens        [max_batch_size]           int32                   none
+    req_indices        [max_batch_size]           int32                   none
     num_tokens_non_padded [1]                     int32                   none
     ================== ========================== ======================= ==========
 
@@ -131,6 +133,8 @@ class StagingBuffers:
     input_embeds = property(lambda self: self.registry["input_embeds"])
     seq_lens = property(lambda self: self.registry["seq_lens"])
     extend_start_loc = property(lambda self: self.registry["extend_start_loc"])
+    prefix_lens = property(lambda self: self.registry["prefix_lens"])
+    req_indices = property(lambda self: self.registry["req_indices"])
     num_tokens_non_padded = property(lambda self: self.registry["num_tokens_non_padded"])
 
     @property

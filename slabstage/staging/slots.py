@@ -38,6 +38,8 @@ SLOTS = (
     SlotSpec("mrope_positions", ROWS, torch.int64, rows=3, switch="mrope"),
     SlotSpec("seq_lens", REQUESTS, torch.int32),
     SlotSpec("extend_start_loc", REQUESTS, torch.int32),
+    SlotSpec("prefix_lens", REQUESTS, torch.int32),  # tokens of each request already in the KV cache
+    SlotSpec("req_indices", REQUESTS, torch.int32),  # each request's row of the KV cache's req_to_token
     SlotSpec("num_tokens_non_padded", COUNT, torch.int32),
 )
 SOURCE_SLOTS = tuple(s for s in SLOTS if s.kind != COUNT)  # the slots a batch gives a source for

@@ -36,6 +36,8 @@ def test_slots(T, B, W, embed_dtype, cache_loc_dtype, device):
         "input_embeds": ((T, W), embed_dtype, 0),
         "seq_lens": ((B,), torch.int32, None),
         "extend_start_loc": ((B,), torch.int32, None),
+        "prefix_lens": ((B,), torch.int32, None),
+        "req_indices": ((B,), torch.int32, None),
         "num_tokens_non_padded": ((1,), torch.int32, None),
     }
     assert set(reg) == set(want)

@@ -31,7 +31,7 @@ def test_cached_items_run_like_tensors(family):
         ids, pv, grid = tiny_prompt(model, grids, generator=g)
         keys = [f"prompt{k}-image{j}" for j in range(len(grids))]
         items = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid)
-        entries = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid, cache=cache, keys=keys)
+        entries = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid, encoder_cache=cache, keys=keys)
         assert all(type(e) is Entry for e in entries)
         plain.append(sshf.Request(ids, items, image_grid_thw=grid))
         cached.append(sshf.Request(ids, entries, image_grid_thw=grid))
@@ -52,18 +52,19 @@ def test_hits_are_not_encoded_again(monkeypatch):
     cache = EncoderCache(width, torch.float32, "cpu", device_budget_bytes=100 * width * 4)
     g = torch.Generator().manual_seed(1)
     _, pv, grid = tiny_prompt(model, [(1, 4, 4), (1, 6, 4), (1, 4, 6)], generator=g)
-    first = sshf.media_items(model, pixel_values=pv[:16], image_grid_thw=grid[:1], cache=cache, keys=[b"a"])
+    first = sshf.media_items(model, pixel_values=pv[:16], image_grid_thw=grid[:1], encoder_cache=cache, keys=[b"a"])
     import slabstage.hf.media as media
 
     seen = []
     tower = media._tower
     monkeypatch.setattr(media, "_tower", lambda fam, px, host, video: seen.append(host.tolist()) or
                         tower(fam, px, host, video))
-    entries = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid, cache=cache, keys=[b"a", b"b", b"c"])
+    entries = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid, encoder_cache=cache,
+                               keys=[b"a", b"b", b"c"])
     assert seen == [[[1, 6, 4], [1, 4, 6]]]  # the tower saw the misses alone
     assert entries[0] == first[0]
     alone = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid)
     for e, item in zip(entries, alone):
         torch.testing.assert_close(cache.rows_of(e), torch.cat(item, 1), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="one key per item"):
-        sshf.media_items(model, pixel_values=pv, image_grid_thw=grid, cache=cache, keys=[b"a"])
+        sshf.media_items(model, pixel_values=pv, image_grid_thw=grid, encoder_cache=cache, keys=[b"a"])
