@@ -258,8 +258,14 @@ def test_cuda_caller_capture_refuses_entries():
     ids, table = torch.zeros(8, dtype=torch.int64, device="cuda"), torch.randn(4, 16, device="cuda")
     index = torch.tensor([0, 1, 2, 3, -1, -1, -1, -1], device="cuda")
     stage(slab, ids, table, media=[e], media_index=index)  # (loads the kernel outside the capture)
+    media = cache.rows_of(e).clone()
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
-    with pytest.raises(ValueError, match="inside a graph the caller captures"):
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            stage(slab, ids, table, media=[e], media_index=index)
+    refused, errors = None, new_error_word(torch.device("cuda"))
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        stage_embeddings(slab, ids, table, errors=errors, media=media, media_index=index)  # tensors: captured
+        try:
+            stage_embeddings(slab, ids, table, errors=errors, media=[e], media_index=index)
+        except ValueError as exc:
+            refused = exc
+    assert refused is not None and "inside a graph the caller captures" in str(refused)
