@@ -269,3 +269,31 @@ def test_cuda_caller_capture_refuses_entries():
         except ValueError as exc:
             refused = exc
     assert refused is not None and "inside a graph the caller captures" in str(refused)
+
+
+@pytest.mark.cuda
+def test_cuda_host_far_ahead_never_overwrites_rows_a_queued_staging_reads():
+    """A staging queued behind a long device sleep on one stream reads entries; the host then evicts them and
+    puts new items from another stream: the new rows are written only after that staging read the old ones."""
+    g = gen(21)
+    W, V, n = 64, 30, 48
+    cache = cache_for(W, BF16, "cuda", rows=32)
+    A, B, C, D = (randn(g, 16, W, BF16, "cuda") for _ in range(4))
+    ids, table = randint(g, 0, V, n, device="cuda"), randn(g, V, W, BF16, "cuda")
+    index = index_for(g, n, 32, "cuda")
+    want = poisoned(n, W, BF16, "cuda")
+    stage(want, ids, table, media=torch.cat([A, B]), media_index=index)
+    slab = poisoned(n, W, BF16, "cuda")
+    busy, other = torch.cuda.Stream(), torch.cuda.Stream()
+    errors = new_error_word(torch.device("cuda"))
+    busy.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(200_000_000)  # a busy GPU
+        entries = [cache.put("a", A), cache.put("b", B)]
+        stage_embeddings(slab, ids, table, errors=errors, media=entries, media_index=index)
+    with torch.cuda.stream(other):
+        cache.put("c", C)  # every row is read by the queued staging: the host waits for it, then writes
+        cache.put("d", D)
+    torch.cuda.synchronize()
+    assert same_bytes(slab, want)
+    assert same_bytes(cache.rows_of(cache.get("c")), C) and same_bytes(cache.rows_of(cache.get("d")), D)
