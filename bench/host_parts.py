@@ -28,6 +28,7 @@ import torch  # noqa: E402
 
 import slabstage as ss  # noqa: E402
 from slabstage.kernels.launch import Inputs, Stager  # noqa: E402
+from slabstage.kernels.op_stagers import slab_stager  # noqa: E402
 
 W, N = 4096, 256
 SPANS = [(16 * k, 8, 8 * k) for k in range(16)]  # 16 spans of 8 media rows
@@ -66,9 +67,9 @@ def main() -> int:
     errors = ss.new_error_word("cpu")
 
     def se_host(media):
-        dst, st = Stager.for_slab(slab, errors)
+        dst, st = slab_stager(slab, errors)
         with st.lock:
-            st._bind(dst)
+            st.dst = dst
             st.prepare(Inputs(input_ids=ids, table=table, media=media, media_index=index), None)
             st.ring.commit(st._pending[0])
             st.ring._done[0] = st._pending[0]  # (no launch here reports the step: say it started)

@@ -3,9 +3,8 @@
     python bench/op_host_parts.py
 
 Prints µs a call, 300 calls back to back: the whole call; ``prepare`` (the checks and the parameter
-block); ``_replay_or_launch`` (from the third call of a bucket: the replay of the captured fetch and
-kernel), ``launch`` (the block's copy and the kernel's launch: the first two calls) and inside it
-``_kernel`` (the Triton launch); how often the ring waited. Then, alone: a Triton launch of the same
+block); ``launch`` (the block's copy and the kernel's launch) and inside it ``_kernel`` (the Triton
+launch); the ring's waits. Then, alone: a Triton launch of the same
 kernel with the same arguments, the launch's check of the kernel's global constants, the block's
 ``copy_``, a stream query.
 """
@@ -23,6 +22,7 @@ import torch  # noqa: E402
 
 import slabstage as ss  # noqa: E402
 from slabstage.kernels import launch, params  # noqa: E402
+from slabstage.kernels.op_stagers import slab_stager  # noqa: E402
 from slabstage.kernels.stage_kernel import stage_kernel  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -64,17 +64,17 @@ def main() -> None:
             return out
         setattr(owner, name, wrapper)
 
-    for owner, name in ((params.PinnedRing, "_wait"), (launch.Stager, "prepare"),
-                        (launch.Stager, "_replay_or_launch"), (launch.Stager, "launch"), (launch.Stager, "_kernel")):
+    for owner, name in ((params.PinnedRing, "_wait"), (launch.Stager, "prepare"), (launch.Stager, "launch"),
+                        (launch.Stager, "_kernel")):
         timed(owner, name)
     t0 = time.perf_counter()
     for m in medias[20:]:
         call(m)
     print(f"a call, back to back: {(time.perf_counter() - t0) / CALLS * 1e6:.1f} us")
     torch.cuda.synchronize()
-    for name in ("prepare", "_replay_or_launch", "launch", "_kernel", "_wait"):
+    for name in ("prepare", "launch", "_kernel", "_wait"):
         print(f"  {name}: {spent.get(name, 0.0) / CALLS * 1e6:.1f} us a call")
-    _, st = launch.Stager.for_slab(slab, errors)
+    _, st = slab_stager(slab, errors)
     args = (st.params, errors, slab)
     grid = (N * st.cols,)
     alone = median_us(lambda: stage_kernel[grid](*args, **st.constexprs, num_warps=st.num_warps))

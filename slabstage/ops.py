@@ -17,7 +17,8 @@ The ring and device block belong to the destinations (:mod:`slabstage.kernels.op
 one set per slab base tensor, or per exact set of token-input tensors, at most 16
 kept, none holding a reference to a tensor), so two buffers, two slabs or two
 streams never share one. Inside a graph the caller captures, each call gets a
-block of its own, replayed with the graph.
+device block of its own, which the graph's replays copy and read; it is kept for
+the life of the process.
 """
 
 from __future__ import annotations

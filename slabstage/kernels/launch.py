@@ -46,6 +46,7 @@ _STREAMS: dict = {}  # device -> the side stream the runner captures on
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every stager not yet collected
 _RETIRED: list = []  # [event or None, stream, held]: what a collected stager held, until its device work ends
 _RETIRED_LOCK = threading.Lock()
+_CAPTURED: list = []  # what collected stagers held whose launches a caller's graph captured (replays read it)
 try:  # the current stream's handle, as an int (cheaper than a Stream object)
     from torch._C import _cuda_getCurrentRawStream as _raw_stream
 except ImportError:  # pragma: no cover - a torch without CUDA
@@ -89,9 +90,12 @@ def _capturing_now() -> bool:
 
 def _retire(held: tuple, where: list) -> None:
     """A stager was collected: keep ``held`` (its ring, device block, counter, kept blocks) until the device
-    work it queued on its last stream (``where[1]``) has finished."""
+    work it queued on its last stream (``where[1]``) has finished; for good if a caller's graph captured one
+    of its launches (a replay reads that launch's block and reports into the ring's spare words)."""
     stream = where[1]
-    if stream is not None:
+    if held[3]:
+        _CAPTURED.append(held)
+    elif stream is not None:
         with _RETIRED_LOCK:
             _RETIRED.append([None, stream, held])
     _sweep()
@@ -139,7 +143,8 @@ class Stager(BlockWriter):
         self._reads = None  # (EncoderCache, slots) the prepared batch's media reads, if cache entries
         self.lock = threading.Lock()
         self.dst = dst
-        self._where = [0, None]  # (raw handle, Stream) of the stream of the last launch or replay
+        self._where = [None, None]  # (raw handle, Stream) of the stream of the last launch or replay
+        self._index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
         self._dest = self._dest_words(dst)
         at = HEADER_WORDS + SOURCE_WORDS * self.num_slots
         for k in range(self.ring.k):  # the destinations' half of every block: written once, never again
@@ -229,14 +234,19 @@ class Stager(BlockWriter):
         """Launches of this stager on one stream are ordered by it; a launch on another stream than the last
         one's first waits for that stream (no host sync). Not while capturing: a captured launch reads a
         block of its own."""
-        raw = _raw_stream(self.dst.device.index if self.dst.device.index is not None
-                          else torch.cuda.current_device())
         where = self._where
+        raw = _raw_stream(self._index)
         if raw != where[0]:
-            stream = torch.cuda.current_stream(self.dst.device)
+            stream = torch.cuda.current_stream(self._index)
             if where[1] is not None:
                 stream.wait_stream(where[1])
             where[0], where[1] = raw, stream
+
+    @property
+    def stream(self):
+        """The stream of this stager's last launch or replay (None before the first on CUDA): what reads the
+        sources of that launch, and what a later launch on another stream waits for."""
+        return self._where[1]
 
     def _grid(self, pad_to: int) -> int:
         grid = pad_to * self.cols if self.dst.slab is not None else -(-pad_to // TOK_BLOCK)

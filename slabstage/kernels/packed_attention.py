@@ -163,7 +163,7 @@ def packed_attention(q, k, v, offsets, scale: float, k_cache=None, v_cache=None,
     block_m, block_n, warps, stages = config or _config(D, q.dtype)
     lens, starts, prefix, req, tile_end = offsets(block_m) if callable(offsets) else offsets
     B = lens.shape[0]
-    out = torch.zeros_like(q)
+    out = torch.zeros(T, H, D, dtype=q.dtype, device=q.device)  # contiguous: HF's reshape after needs no copy
     has_cache = k_cache is not None
     if not has_cache:
         k_cache, v_cache, table = k, v, lens  # (unread)
