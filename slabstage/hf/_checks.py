@@ -23,6 +23,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..cache.encoder_cache import Entry
+
 __all__ = ["as_prompt_ids", "check_grid", "check_grid_rows", "check_chunk", "check_items", "check_mrope",
            "check_placeholders", "check_pixels", "check_seconds", "grid_rows", "placeholder_runs"]
 
@@ -194,11 +196,14 @@ def check_items(media, images: list | None, videos: list | None, where: str, mer
     rows, bad = [], None  # (a wrong kind of item is named before wrong rows, wherever it is)
     area = merge ** 2
     for i, (item, (t, h, w)) in enumerate(zip(media, grids)):
-        main = item[0] if isinstance(item, (tuple, list)) and item else item
-        shape = main.shape if isinstance(main, torch.Tensor) else ()
+        if type(item) is Entry:  # an encoder-cache handle: its rows, no tensor
+            shape = (item.rows, 0)
+        else:
+            main = item[0] if isinstance(item, (tuple, list)) and item else item
+            shape = main.shape if isinstance(main, torch.Tensor) else ()
         if len(shape) != 2:
-            raise TypeError(f"{where} media item {i} must be a 2-D tensor or a tuple of 2-D column blocks "
-                            f"(as slabstage.hf.media_items returns), got {type(item).__name__}")
+            raise TypeError(f"{where} media item {i} must be a 2-D tensor, a tuple of 2-D column blocks or an "
+                            f"EncoderCache entry (as slabstage.hf.media_items returns), got {type(item).__name__}")
         rows.append(shape[0])
         if shape[0] != t * h * w // area and bad is None:
             bad = i

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from ._checks import check_grid, check_pixels, grid_rows
@@ -33,7 +35,8 @@ def _tower(fam, pixel_values, grid_thw, video: bool):
     return [tuple([m] + [level[j] for level in levels]) for j, m in enumerate(main)]
 
 
-def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None):
+def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None, *,
+                encoder_cache=None, keys=None):
     """Run the vision tower of ``model``; return one media item per image (``image_grid_thw`` order), then one
     per video (``video_grid_thw`` order): the order a :class:`Request`'s ``media`` takes.
 
@@ -50,12 +53,25 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
     the host (the row counts are read from them). Raises ``TypeError`` for a model without a
     vision tower or a non-integer grid, and ``ValueError`` when pixels come without their grid
     or do not hold one row per patch of it.
+
+    ``encoder_cache`` (an :class:`~slabstage.cache.EncoderCache` at the slab's width) with ``keys`` (one per item, in
+    the same order: the item's content hash or any ``bytes``/``str``/``int`` naming it whole): items already
+    cached are not encoded again (their rows are checked against their grid); the tower runs on the others'
+    pixels alone and their outputs are put in the cache. Returns the items' cache handles
+    (:class:`~slabstage.cache.Entry`), which :func:`pack_requests` and :class:`slabstage.PrefillBatch` take as
+    items; raises ``ValueError`` when the cache cannot hold them all at once.
     """
     fam = family_of(model, "media_items")
     if not fam.is_vlm:
         raise TypeError(f"slabstage.hf.media_items: {type(model).__name__} ({fam.name}) has no vision tower")
     merge = int(fam.vision_config.spatial_merge_size)
-    items = []
+    cache = encoder_cache
+    if cache is not None:
+        count = sum(0 if g is None else len(g) for g in (image_grid_thw, video_grid_thw))
+        if type(keys) not in (list, tuple) or len(keys) != count:
+            raise ValueError(f"slabstage.hf.media_items: encoder_cache= needs keys=, a list of one key per item "
+                             f"({count})")
+    items, at = [], 0
     for pixels, grid, video in ((pixel_values, image_grid_thw, False), (pixel_values_videos, video_grid_thw, True)):
         name, pixels_name = ("video_grid_thw", "pixel_values_videos") if video else ("image_grid_thw", "pixel_values")
         if pixels is None:
@@ -64,5 +80,23 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
             raise ValueError(f"slabstage.hf.media_items: {pixels_name} was given without {name}")
         host = check_grid(grid, name, "slabstage.hf.media_items:", merge)  # no copy (and no sync) for a host grid
         check_pixels(pixels, host, pixels_name, name, "slabstage.hf.media_items:")
-        items += _tower(fam, pixels, host, video)
+        if cache is None:
+            items += _tower(fam, pixels, host, video)
+            continue
+        mine, at = keys[at:at + len(host)], at + len(host)
+        sizes = grid_rows(host, merge)
+        miss = [j for j, (key, rows) in enumerate(zip(mine, sizes)) if cache.get(key, rows=rows) is None]
+        if miss:
+            if len(miss) < len(mine):  # encode the misses alone: their pixel rows, their grid rows
+                ends = list(accumulate(host.prod(-1).tolist()))
+                pixels = torch.cat([pixels[ends[j] - int(host[j].prod()):ends[j]] for j in miss])
+                host = host[miss]
+            for j, item in zip(miss, _tower(fam, pixels, host, video)):
+                cache.put(mine[j], item)
+        for key, rows in zip(mine, sizes):
+            entry = cache.get(key, rows=rows)
+            if entry is None:
+                raise ValueError(f"slabstage.hf.media_items: the cache's budget cannot hold this call's items at "
+                                 f"once (item {key!r} of {rows} rows was evicted by the next ones)")
+            items.append(entry)
     return items

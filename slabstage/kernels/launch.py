@@ -42,7 +42,7 @@ from .validate import Checked, check_batch
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream", "live_stagers"]
 
 _REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
-_STREAMS: dict = {}  # device -> the side stream the runner captures on
+_STREAMS: dict = {}  # (device, "runner") -> the side stream the runner captures on
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every stager not yet collected
 _RETIRED: list = []  # [event or None, stream, held]: what a collected stager held, until its device work ends
 _RETIRED_LOCK = threading.Lock()
@@ -140,6 +140,7 @@ class Stager(BlockWriter):
         self._kept: list = []  # (host block, device block) of launches captured in a caller's graph
         self._now = self.params  # the device block the next launch reads
         self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared block
+        self._reads = None  # (EncoderCache, slots) the prepared batch's media reads, if cache entries
         self.lock = threading.Lock()
         self.dst = dst
         self._where = [None, None]  # (raw handle, Stream) of the stream of the last launch or replay
@@ -151,7 +152,8 @@ class Stager(BlockWriter):
             self.ring.words[start:start + self._dest.size] = self._dest
         _LIVE.add(self)
         if device.type == "cuda":  # (what the device may still read or write outlives the stager a while)
-            weakref.finalize(self, _retire, (self.ring, self.params, self.counter, self._kept), self._where)
+            done = weakref.finalize(self, _retire, (self.ring, self.params, self.counter, self._kept), self._where)
+            done.atexit = False  # (at exit the process frees it all)
 
     def words_for(self, tokens: int) -> int:
         """The most words a block of a batch of ``tokens`` tokens takes."""
@@ -173,9 +175,20 @@ class Stager(BlockWriter):
         check). Raises before anything is written. ``own_block``: a block of its own, kept for good (a caller
         capturing the launch in its own graph: each replay copies this block again)."""
         c = check_batch(self.dst, src, pad_to, self.configs)
+        reads = c.media.entries if c.media is not None else None
+        if reads is not None and own_block:
+            raise ValueError("media of EncoderCache entries cannot be staged inside a graph the caller captures "
+                             "(its replays would read entries the cache may have evicted): stage tensors there")
         if self.triton:
             self._write(c, own_block)
+        self._reads = reads
         return c
+
+    def _note_reads(self) -> None:
+        """The launch or replay just queued reads the prepared batch's cache entries: tell their cache."""
+        reads, self._reads = self._reads, None
+        if reads is not None:
+            reads[0].reads.note(reads[1])
 
     def launch(self, c: Checked, pad_to: int) -> None:
         """Move the prepared block into the device block and queue the kernel for ``pad_to`` rows; on the
@@ -201,6 +214,7 @@ class Stager(BlockWriter):
             self._fetch(-(-words // FETCH_CHUNK))
         self._kernel(grid, self.params)
         self.ring.commit(step)
+        self._note_reads()
 
     def record(self, pad_to: int) -> None:
         """Record into the graph being captured the fetch of the next prepared block and the kernel over it
@@ -215,6 +229,7 @@ class Stager(BlockWriter):
         self._order()
         graph.replay()
         self.ring.commit(self._pending[0])
+        self._note_reads()
 
     def _order(self) -> None:
         """Launches of this stager on one stream are ordered by it; a launch on another stream than the last

@@ -8,6 +8,9 @@ media row and, per column block, ``(address, row stride, first column, end
 column)``; the kernel finds a row's item from them, so nothing is concatenated.
 Items may sit in pinned host memory when the slab is on a CUDA device (the
 kernel reads them through their mapped address); an empty item is never read.
+``media`` may instead be a list of :class:`~slabstage.cache.Entry` handles of one
+:class:`~slabstage.cache.EncoderCache`: each is an item of one block, the cache's
+full width, at its arena address (no tensor is read).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..cache.encoder_cache import Entry
 from ..checks import FLOAT_DTYPES, check_tensor
 from ..staging.width import WidthContractError, check_media_width
 from .params import FLOAT_BYTES
@@ -45,6 +49,7 @@ class MediaPlan(NamedTuple):
     vec: bool  # every address, row stride and block column in whole 16-byte vectors
     lows: list  # the bytes every block read spans (a block with rows and columns): first,
     highs: list  # and end
+    entries: tuple | None = None  # media of cache entries: (the EncoderCache, the slots read)
 
     @property
     def items(self) -> tuple:
@@ -53,6 +58,9 @@ class MediaPlan(NamedTuple):
 
     def spans(self):
         """``(name, first byte, end byte)`` of every block read, named as the errors name them."""
+        if self.entries is not None:
+            yield from self.entries[0].spans()
+            return
         k = 0
         for i, blocks in enumerate(self.items):
             for j, t in enumerate(blocks):
@@ -79,6 +87,8 @@ def describe_media(media, device: torch.device, slab_width: int, text_width: int
     if not media:
         raise ValueError("media is an empty list: pass None when the batch has no media")
     kinds = set(map(type, media))
+    if Entry in kinds:
+        return _entries_plan(media, kinds, device, slab_width, text_width, expand)
     if kinds == {torch.Tensor}:  # items of one block each
         blocks, lens = media, None
     elif kinds == {tuple}:  # items of column blocks
@@ -100,6 +110,23 @@ def one_tensor_plan(media: torch.Tensor, shape, stride, ptr: int, dtype: torch.d
     vec = not (ptr & 15) and not ((width | (s0 if rows > 1 else 0)) & 7)
     lows, highs = ([ptr], [ptr + ((rows - 1) * s0 + width) * FLOAT_BYTES[dtype]]) if rows and width else ([], [])
     return MediaPlan((media,), rows, width, dtype, [0], [ptr if rows else 0, s0, 0, width], 1, vec, lows, highs)
+
+
+def _entries_plan(media, kinds: set, device: torch.device, slab_width: int, text_width: int,
+                  expand: str) -> MediaPlan:
+    """The plan of cache handles ``media``: integers from the cache's tables, no tensor read."""
+    if len(kinds) > 1:
+        i = next(i for i, m in enumerate(media) if type(m) is not Entry)
+        raise TypeError(f"media item {i} is a {type(media[i]).__name__} but media item 0 is a cache Entry: "
+                        f"give cache entries or tensors, not both")
+    cache = media[0].cache
+    if cache.device != device and not (device.type == cache.device.type == "cuda" and device.index is None):
+        raise ValueError(f"media item 0 is an entry of an EncoderCache on {cache.device}; expected {device}")
+    starts, fields, rows, slots = cache.locate(media)
+    check_media_width("media (cache entries)", cache.width, slab_width, text_width, expand)
+    spans = cache.spans()
+    return MediaPlan(media, rows, cache.width, cache.dtype, starts, fields, 1, cache.vec, [s[1] for s in spans],
+                     [s[2] for s in spans], (cache, slots))
 
 
 def _items(media) -> tuple:

@@ -56,6 +56,9 @@ def media_rows(plan) -> torch.Tensor | None:
     (empty items are skipped: they are never read, wherever they are)."""
     if plan is None:
         return None
+    if plan.entries is not None:
+        cache = plan.entries[0]
+        return torch.cat([cache.rows_of(e).to(cache.device) for e in plan.media], 0)
     rows = [torch.cat(blocks, 1) if len(blocks) > 1 else blocks[0] for blocks in plan.items if blocks[0].shape[0]]
     if not rows:
         return torch.zeros(0, plan.width, dtype=plan.dtype, device=plan.items[0][0].device)

@@ -179,7 +179,7 @@ def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
     item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
     seg_words = 0 if segments is None else len(segments)
     if item_words + seg_words > MAX_ITEM_WORDS:
-        what = f"media has {len(plan.items)} items of {plan.blocks} column blocks" if plan is not None else ""
+        what = f"media has {len(plan.starts)} items of {plan.blocks} column blocks" if plan is not None else ""
         if seg_words:
             what += (" and " if what else "") + f"the mrope layouts make {seg_words // SEGMENT_WORDS} segments"
         raise ValueError(f"{what}: their lists take {item_words + seg_words} words, at most {MAX_ITEM_WORDS} "

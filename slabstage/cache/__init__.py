@@ -1,0 +1,5 @@
+"""The encoder-output cache: encoder outputs kept in the slab's format and staged by handle."""
+
+from .encoder_cache import EncoderCache, Entry, StaleEntryError
+
+__all__ = ["EncoderCache", "Entry", "StaleEntryError"]

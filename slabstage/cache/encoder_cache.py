@@ -1,0 +1,283 @@
+"""EncoderCache: encoder outputs kept in the slab's format, staged by handle.
+
+One device arena of rows at the slab's width and dtype holds every cached item: an item's DeepStack column
+blocks side by side (block 0 the embeddings, block ``i`` level ``i - 1``), zeros past its last block. An entry
+is a run of arena rows, found by the caller's key (``bytes``, ``str`` or ``int``, compared whole). A
+:class:`PrefillBatch`'s ``media`` may be a list of :class:`Entry` handles (or parts of them, for chunked
+prefill): the staging kernel reads their rows where they lie, and the host turns each handle into the few
+integers of an item in the parameter block (no tensor is inspected).
+
+Budgets: the device arena holds ``device_budget_bytes // row_bytes`` rows, an optional pinned host tier
+``host_budget_bytes // row_bytes`` more. Least-recently-used entries are evicted when a new one needs room;
+with a host tier, an entry evicted from the device moves there (one device-to-host copy, queued) and is
+staged from pinned host memory where it is (the kernel reads it through its device-mapped address); an
+entry evicted from the host tier is gone. Every eviction or overwrite bumps the entry's generation: a handle
+taken before is refused with a clear error, never read. Rows that queued work still reads (a staging launch or
+a replayed graph records an event on them) are reused only after that work completes; a host so far ahead of
+the device that no free rows are done waits for the oldest reader, as the parameter ring does.
+
+Writes into the cache (``put``, ``reserve``'s view, demotion copies) are queued on the current stream; a cache
+belongs to one device and stages only into slabs on it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from itertools import accumulate
+from typing import NamedTuple
+
+import torch
+
+from ..checks import FLOAT_DTYPES, check_int, check_tensor
+from .reads import Reads
+from .rows import Rows
+
+__all__ = ["EncoderCache", "Entry", "StaleEntryError"]
+
+DEVICE, HOST = 0, 1  # tiers
+_FREE = -1
+
+
+class StaleEntryError(LookupError):
+    """A handle to an entry that was evicted or overwritten since it was taken."""
+
+
+class Entry(NamedTuple):
+    """A handle to rows ``[first, first + rows)`` of one cache entry (what ``media`` lists). Take one from
+    :meth:`EncoderCache.put` or :meth:`EncoderCache.get`; :meth:`part` gives a row range of it (a chunk)."""
+
+    cache: "EncoderCache"
+    slot: int
+    gen: int
+    first: int
+    rows: int
+
+    def part(self, start: int, stop: int) -> "Entry":
+        """Rows ``[start, stop)`` of this handle (a chunk of an item)."""
+        if type(start) is not int or type(stop) is not int or not 0 <= start <= stop <= self.rows:
+            raise ValueError(f"Entry.part({start!r}, {stop!r}): need 0 <= start <= stop <= {self.rows} (its rows)")
+        return Entry(self.cache, self.slot, self.gen, self.first + start, stop - start)
+
+
+_KEY_TYPES = frozenset((bytes, str, int))
+_new = tuple.__new__  # (an Entry without NamedTuple's Python-level __new__: a hit costs the host less)
+
+
+def _check_key(key):
+    if type(key) not in _KEY_TYPES:
+        raise TypeError(f"key must be bytes, str or int (compared whole), got {type(key).__name__}")
+    return key
+
+
+class EncoderCache:
+    """Encoder outputs of ``width`` columns in ``dtype`` on ``device`` (see the module docstring).
+
+    ``device_budget_bytes`` / ``host_budget_bytes``: the arenas' sizes (whole rows of ``width`` x element
+    bytes; the host tier is pinned when ``device`` is CUDA, absent when 0). Memory is allocated once, here.
+    """
+
+    def __init__(self, width: int, dtype: torch.dtype, device, device_budget_bytes: int,
+                 host_budget_bytes: int = 0) -> None:
+        self.width = check_int("width", width, lo=1)
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"dtype must be one of {', '.join(map(str, FLOAT_DTYPES))}, got {dtype}")
+        self.dtype, self.device = dtype, torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.row_bytes = width * torch.empty((), dtype=dtype).element_size()
+        check_int("device_budget_bytes", device_budget_bytes, lo=self.row_bytes)
+        check_int("host_budget_bytes", host_budget_bytes, lo=0)
+        cuda = self.device.type == "cuda"
+        with torch.inference_mode(False):
+            self.arena = torch.zeros(device_budget_bytes // self.row_bytes, width, dtype=dtype, device=self.device)
+            self.host = torch.zeros(host_budget_bytes // self.row_bytes, width, dtype=dtype, pin_memory=cuda)
+        self.arenas = (self.arena, self.host)
+        self.bases = (self.arena.data_ptr(), self.host.data_ptr())
+        self.free = (Rows(self.arena.shape[0]), Rows(self.host.shape[0]))
+        self.lru = (OrderedDict(), OrderedDict())  # per tier: slot -> None, least recently used first
+        self.reads = Reads(self.device)
+        self._slot_of: dict = {}  # key -> slot
+        self.keys: list = []  # per slot: its key (None: a free slot)
+        self.gens: list = []  # per slot: its generation (bumped when its entry goes)
+        self.tiers: list = []  # per slot: DEVICE, HOST or _FREE
+        self.ats: list = []  # per slot: its first row in its tier's arena
+        self.lens: list = []  # per slot: its rows
+        self.addrs: list = []  # per slot: the address of its first row
+        self._spare: list = []  # free slots
+        self.vec = not (self.row_bytes & 15 or self.bases[0] & 15 or (self.host.numel() and self.bases[1] & 15))
+
+    # -- filling ---------------------------------------------------------------------------
+    def put(self, key, value) -> Entry:
+        """Copy ``value`` (a 2-D tensor, or a tuple of column blocks with equal rows) in under ``key`` (an entry
+        already there is replaced) and return its handle. The columns past ``value``'s are zero."""
+        _check_key(key)
+        blocks = value if type(value) is tuple else (value,)
+        if not blocks:
+            raise ValueError("value is an empty tuple: give a tensor or column blocks")
+        cols = 0
+        for j, t in enumerate(blocks):
+            name = "value" if len(blocks) == 1 else f"value block {j}"
+            check_tensor(name, t, dtypes=FLOAT_DTYPES, dims=2)
+            if t.shape[0] != blocks[0].shape[0]:
+                raise ValueError(f"{name} has {t.shape[0]} rows but block 0 has {blocks[0].shape[0]}: the column "
+                                 f"blocks of an item share their rows")
+            cols += t.shape[1]
+        if cols > self.width:
+            raise ValueError(f"value is {cols} columns wide; the cache's rows are {self.width}")
+        entry = self._place(key, blocks[0].shape[0])
+        view = self._view(entry.slot)
+        at = 0
+        for t in blocks:
+            view[:, at:at + t.shape[1]].copy_(t, non_blocking=True)
+            at += t.shape[1]
+        if at < self.width:
+            view[:, at:].zero_()
+        return entry
+
+    def reserve(self, key, rows: int) -> torch.Tensor:
+        """A writable ``[rows, width]`` view of a new entry under ``key`` (an encoder writes its output in place,
+        on the current stream; take the handle with :meth:`get`). Its rows hold whatever was there before."""
+        _check_key(key)
+        check_int("rows", rows, lo=0)
+        return self._view(self._place(key, rows).slot)
+
+    # -- reading ---------------------------------------------------------------------------
+    def get(self, key, rows: int | None = None) -> Entry | None:
+        """The handle of ``key``'s entry (it becomes the most recently used), or None on a miss. ``rows``: the
+        rows the caller expects (its placeholder count); an entry of other rows raises ``ValueError``."""
+        if type(key) not in _KEY_TYPES:  # (1.0 and True would find the key 1)
+            _check_key(key)
+        slot = self._slot_of.get(key)
+        if slot is None:
+            return None
+        n = self.lens[slot]
+        if rows is not None and rows != n:
+            raise ValueError(f"the cache entry of key {key!r} holds {n} rows but {rows} were expected: "
+                             f"the item's placeholders and its encoder output disagree")
+        self.lru[self.tiers[slot]].move_to_end(slot)
+        return _new(Entry, (self, slot, self.gens[slot], 0, n))
+
+    def __contains__(self, key) -> bool:
+        return key in self._slot_of
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def tier(self, entry: Entry) -> str:
+        """``"device"`` or ``"host"``: where ``entry``'s rows are now."""
+        self._check_live(entry)
+        return ("device", "host")[self.tiers[entry.slot]]
+
+    def rows_of(self, entry: Entry) -> torch.Tensor:
+        """A view of ``entry``'s rows (all columns) where they lie."""
+        self._check_live(entry)
+        return self._view(entry.slot)[entry.first:entry.first + entry.rows]
+
+    def evict(self, key) -> None:
+        """Drop ``key``'s entry (its handles are refused from now on)."""
+        slot = self._slot_of.get(_check_key(key))
+        if slot is not None:
+            self._drop(slot)
+
+    # -- staging ---------------------------------------------------------------------------
+    def locate(self, entries) -> tuple:
+        """``(starts, fields, rows, slots)`` of handles ``entries`` for the parameter block's item list: each
+        item's first media row, per item ``(address, row stride, 0, width)``, the rows in all, the entries read. Raises
+        :class:`StaleEntryError` for a handle whose entry is gone, ``ValueError`` for one of another cache."""
+        caches, slots, gens, firsts, rows = zip(*entries)
+        if caches.count(self) != len(caches):
+            i = next(i for i, c in enumerate(caches) if c is not self)
+            raise ValueError(f"media item {i} is an entry of another EncoderCache: a batch's entries come from one")
+        if list(map(self.gens.__getitem__, slots)) != list(gens):
+            self._check_live(entries[next(i for i, (s, g) in enumerate(zip(slots, gens)) if self.gens[s] != g)])
+        n, addrs = len(slots), list(map(self.addrs.__getitem__, slots))
+        if firsts.count(0) != n:  # parts of entries: their first rows
+            rb = self.row_bytes
+            addrs = [a + f * rb for a, f in zip(addrs, firsts)]
+        fields = [self.width] * (4 * n)
+        fields[0::4], fields[2::4] = addrs, [0] * n
+        starts = list(accumulate(rows, initial=0))
+        return starts, fields, starts.pop(), slots
+
+    def spans(self) -> list:
+        """``(name, first byte, end byte)`` of the arenas (what a staging call checks its destinations against)."""
+        return [(f"the encoder cache's {name} rows", base, base + t.shape[0] * self.row_bytes)
+                for name, base, t in zip(("device", "host"), self.bases, self.arenas) if t.shape[0]]
+
+    # -- entries ---------------------------------------------------------------------------
+    def _view(self, slot: int) -> torch.Tensor:
+        at = self.ats[slot]
+        return self.arenas[self.tiers[slot]][at:at + self.lens[slot]]
+
+    def _check_live(self, entry: Entry) -> None:
+        if type(entry) is not Entry or entry.cache is not self:
+            raise ValueError("not a handle of this EncoderCache")
+        if entry.slot >= len(self.gens) or self.gens[entry.slot] != entry.gen:
+            raise StaleEntryError(f"the cache entry this handle names (slot {entry.slot}, generation {entry.gen}) "
+                                  f"was evicted or overwritten: get() it again, or encode the item again")
+
+    def _place(self, key, rows: int) -> Entry:
+        """A new device entry of ``rows`` rows under ``key`` (replacing one there), evicting as needed."""
+        if rows > self.arena.shape[0]:
+            raise ValueError(f"an entry of {rows} rows exceeds the cache's device budget of "
+                             f"{self.arena.shape[0]} rows ({self.row_bytes} bytes a row)")
+        old = self._slot_of.get(key)
+        if old is not None:
+            self._drop(old)
+        at = self._room(DEVICE, rows)
+        slot = self._spare.pop() if self._spare else len(self.gens)
+        if slot == len(self.gens):
+            for col, v in ((self.keys, None), (self.gens, 0), (self.tiers, _FREE), (self.ats, 0), (self.lens, 0),
+                           (self.addrs, 0)):
+                col.append(v)
+            self.reads.grow(slot + 1)
+        self.keys[slot], self.tiers[slot], self.ats[slot], self.lens[slot] = key, DEVICE, at, rows
+        self.addrs[slot] = self.bases[DEVICE] + at * self.row_bytes
+        self.gens[slot] += 1
+        self._slot_of[key] = slot
+        self.lru[DEVICE][slot] = None
+        return Entry(self, slot, self.gens[slot], 0, rows)
+
+    def _room(self, tier: int, rows: int) -> int:
+        """The first row of ``rows`` free rows of ``tier``, evicting least recently used entries for them."""
+        free, lru = self.free[tier], self.lru[tier]
+        while True:
+            at = free.take(rows) if rows else 0
+            if at is not None:
+                return at
+            if lru:
+                victim = next(iter(lru))
+                if tier == DEVICE and self.host.shape[0] and self.lens[victim] <= self.host.shape[0]:
+                    self._demote(victim)
+                else:
+                    self._drop(victim)
+                continue
+            pending = free.pending()  # every entry gone, but queued work still reads the freed rows
+            if not pending:
+                raise RuntimeError(f"slabstage: the encoder cache has no run of {rows} free rows "
+                                   f"({free.free_rows()} free in all, fragmented)")
+            pending[0].synchronize()
+
+    def _demote(self, slot: int) -> None:
+        """Move a device entry to the host tier (a queued copy), keeping its key and generation."""
+        rows = self.lens[slot]
+        del self.lru[DEVICE][slot]
+        at = self._room(HOST, rows)
+        src = self._view(slot)
+        self.arenas[HOST][at:at + rows].copy_(src, non_blocking=True)
+        events = self.reads.take(slot)
+        self.reads.note((slot,))  # the copy reads the device rows (and writes the host ones)
+        events += self.reads.take(slot)
+        self.free[DEVICE].give(self.ats[slot], rows, events)
+        self.tiers[slot], self.ats[slot] = HOST, at
+        self.addrs[slot] = self.bases[HOST] + at * self.row_bytes
+        self.lru[HOST][slot] = None
+
+    def _drop(self, slot: int) -> None:
+        tier = self.tiers[slot]
+        del self.lru[tier][slot]
+        self.free[tier].give(self.ats[slot], self.lens[slot], self.reads.take(slot))
+        del self._slot_of[self.keys[slot]]
+        self.keys[slot], self.tiers[slot], self.lens[slot] = None, _FREE, 0
+        self.gens[slot] += 1
+        self._spare.append(slot)

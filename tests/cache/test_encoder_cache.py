@@ -1,0 +1,299 @@
+"""EncoderCache: entries staged by handle equal the same rows staged as tensors, bit for bit; stale handles,
+bad keys and wrong row counts are refused before anything is written; budgets and reads hold.
+
+Interpreter tests run through the ``device`` fixture (CPU under TRITON_INTERPRET=1, CUDA when present);
+tests marked ``cuda`` replay graphs and check the read events.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from slabstage import PrefillBatch, PrefillGraphRunner, StagingBuffers, new_error_word, stage_embeddings
+from slabstage.cache import EncoderCache, Entry, StaleEntryError
+from slabstage.cache.rows import Rows
+
+from builders import gen, poisoned, randint, randn, same_bytes  # noqa: I001 - tests/builders.py
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+def index_for(g, n, rows_total, device):
+    """A media index of ``n`` rows: media rows 0..rows_total-1 at scattered positions (in order), -1 elsewhere."""
+    pos = torch.randperm(n, generator=g)[:rows_total].sort().values
+    index = torch.full((n,), -1, dtype=torch.int64)
+    index[pos] = torch.arange(rows_total)
+    return index.to(device)
+
+
+def wide(item, width):
+    """An item (tensor or column blocks) as one tensor ``width`` wide, zeros past its blocks."""
+    t = torch.cat(item, 1) if type(item) is tuple else item
+    return F.pad(t, (0, width - t.shape[1]))
+
+
+def cache_for(width, dtype, device, rows=64, host_rows=0):
+    row = width * torch.empty((), dtype=dtype).element_size()
+    return EncoderCache(width, dtype, device, device_budget_bytes=rows * row, host_budget_bytes=host_rows * row)
+
+
+def stage(slab, ids, table, **kw):
+    errors = new_error_word(slab.device)
+    stage_embeddings(slab, ids, table, errors=errors, **kw)
+    return errors
+
+
+@pytest.mark.parametrize("cache_dtype, slab_dtype", [(F32, F32), (BF16, BF16), (F16, BF16), (F32, F16)])
+@pytest.mark.parametrize("k, H", [(0, 40), (2, 24), (3, 8)])
+def test_entries_equal_tensor(k, H, cache_dtype, slab_dtype, device):
+    """DeepStack items of 1..k+1 blocks (zeros past their last), empty items, parts of entries."""
+    g = gen(17 * k + H)
+    W, V, n = H * (1 + k), 31, 53
+    rows = [5, 0, 9, 3, 7]
+    items = []
+    for i, r in enumerate(rows):
+        levels = 1 + (i % (k + 1))
+        items.append(tuple(randn(g, r, H, cache_dtype, device) for _ in range(levels)) if k else
+                     randn(g, r, H, cache_dtype, device))
+    cache = cache_for(W, cache_dtype, device)
+    entries = [cache.put(f"item-{i}", item) for i, item in enumerate(items)]
+    entries[2] = entries[2].part(2, 8)  # a chunk of an item
+    tensors = [wide(item, W) for item in items]
+    tensors[2] = tensors[2][2:8]
+    total = sum(e.rows for e in entries)
+    ids, table = randint(g, 0, V, n, device=device), randn(g, V, H if k else W, slab_dtype, device)
+    index = index_for(g, n, total, device)
+    a, b = poisoned(n + 2, W, slab_dtype, device), poisoned(n + 2, W, slab_dtype, device)
+    ea = stage(a, ids, table, media=entries, media_index=index, pad_to=n + 1)
+    eb = stage(b, ids, table, media=torch.cat(tensors), media_index=index, pad_to=n + 1)
+    assert same_bytes(a, b) and ea.tolist() == eb.tolist()
+    assert a[:n + 1].isfinite().all() and a[n + 1].isnan().all()  # every row written and no other
+
+
+def test_host_tier_entries_equal_tensor(device):
+    """Entries the device tier evicted into the host tier are staged where they are, and equal the tensors."""
+    g = gen(3)
+    W, V, n = 48, 29, 40
+    cache = cache_for(W, BF16, device, rows=16, host_rows=32)
+    items = [randn(g, r, W, BF16, device) for r in (6, 7, 5, 4)]
+    for i, item in enumerate(items):
+        cache.put(i, item)
+    tiers = [cache.tier(cache.get(i)) for i in range(4)]
+    assert "host" in tiers and "device" in tiers
+    entries = [cache.get(i, rows=item.shape[0]) for i, item in enumerate(items)]
+    ids, table = randint(g, 0, V, n, device=device), randn(g, V, W, BF16, device)
+    index = index_for(g, n, 22, device)
+    a, b = poisoned(n, W, BF16, device), poisoned(n, W, BF16, device)
+    stage(a, ids, table, media=entries, media_index=index)
+    stage(b, ids, table, media=torch.cat(items), media_index=index)
+    assert same_bytes(a, b)
+
+
+def test_reserve_writes_in_place(device):
+    g = gen(5)
+    cache = cache_for(16, F32, device)
+    view = cache.reserve(b"\x00image", 6)
+    view.copy_(randn(g, 6, 16, F32, device))
+    e = cache.get(b"\x00image", rows=6)
+    assert same_bytes(cache.rows_of(e), view)
+
+
+def test_stale_handles_refused_nothing_written(device):
+    g = gen(7)
+    W, V, n = 16, 11, 12
+    cache = cache_for(W, F32, device, rows=10)
+    old = cache.put("a", randn(g, 6, W, F32, device))
+    cache.put("b", randn(g, 6, W, F32, device))  # evicts "a" (no host tier)
+    assert "a" not in cache and cache.get("a") is None
+    slab = poisoned(n, W, F32, device)
+    ids, table = randint(g, 0, V, n, device=device), randn(g, V, W, F32, device)
+    errors = new_error_word(device)
+    before = errors.clone()
+    with pytest.raises(StaleEntryError, match="evicted or overwritten"):
+        stage_embeddings(slab, ids, table, errors=errors, media=[old], media_index=index_for(g, n, 6, device))
+    assert slab.isnan().all() and torch.equal(errors, before)
+    again = cache.put("b", randn(g, 3, W, F32, device))  # an overwrite bumps the generation too
+    with pytest.raises(StaleEntryError):
+        cache.rows_of(Entry(cache, again.slot, again.gen - 1, 0, 3))
+
+
+def test_keys_and_rows_checked():
+    cache = cache_for(8, F32, "cpu")
+    long = b"\x01" * 64
+    cache.put(long + b"a", torch.ones(2, 8))
+    assert cache.get(long + b"b") is None  # keys compared whole, never a prefix or a short hash
+    assert cache.get(1) is None and cache.get("1") is None
+    with pytest.raises(TypeError, match="key must be bytes, str or int"):
+        cache.put(1.5, torch.ones(1, 8))
+    with pytest.raises(TypeError, match="key must be"):
+        cache.get(True)
+    with pytest.raises(ValueError, match="holds 2 rows but 3 were expected"):
+        cache.get(long + b"a", rows=3)
+    with pytest.raises(ValueError, match="9 columns wide"):
+        cache.put("w", torch.ones(2, 9))
+    with pytest.raises(ValueError, match="exceeds the cache's device budget"):
+        cache.put("big", torch.ones(65, 8))
+    with pytest.raises(ValueError, match="share their rows"):
+        cache.put("blocks", (torch.ones(2, 4), torch.ones(3, 4)))
+    with pytest.raises(ValueError, match=r"Entry.part"):
+        cache.get(long + b"a").part(1, 3)
+
+
+def test_media_mixing_and_other_cache_refused():
+    g = gen(9)
+    W, V, n = 8, 7, 10
+    one, two = cache_for(W, F32, "cpu"), cache_for(W, F32, "cpu")
+    a, b = one.put("x", randn(g, 2, W)), two.put("x", randn(g, 2, W))
+    ids, table, index = randint(g, 0, V, n), randn(g, V, W), index_for(g, n, 4, "cpu")
+    slab = poisoned(n, W, F32, "cpu")
+    with pytest.raises(ValueError, match="another EncoderCache"):
+        stage(slab, ids, table, media=[a, b], media_index=index)
+    with pytest.raises(TypeError, match="cache entries or tensors, not both"):
+        stage(slab, ids, table, media=[a, randn(g, 2, W)], media_index=index)
+    assert slab.isnan().all()
+
+
+class Later:
+    """An event of queued work: done once ``done`` is set."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+
+def test_rows_freed_with_readers_are_not_reused():
+    rows = Rows(10)
+    assert rows.take(4) == 0 and rows.take(6) == 4 and rows.take(1) is None
+    busy = Later()
+    rows.give(0, 4, [busy])
+    assert rows.take(2) is None  # still read by queued work
+    busy.done = True
+    assert rows.take(2) == 0
+    rows.give(4, 6, [])
+    rows.give(0, 2, [])
+    assert rows.free == [[0, 10, []]]  # adjacent runs merge
+
+
+def test_eviction_waits_for_readers():
+    """An evicted entry's rows are not written while a reader is queued: a put evicts another entry for rows
+    nobody reads, and waits for the oldest reader only when every free row is still read."""
+    cache = cache_for(4, F32, "cpu", rows=8)
+    a = cache.put("a", torch.full((4, 4), 1.0))
+    reader = Later()
+    cache.reads.events[a.slot] = [reader]  # a staging launch reads "a"
+    cache.put("b", torch.full((4, 4), 2.0))
+    c = cache.put("c", torch.full((4, 4), 3.0))  # evicts "a" (still read), then "b" for rows nobody reads
+    assert not reader.done and "b" not in cache and "a" not in cache
+    assert cache.arena[:4].eq(1.0).all()  # "a"'s rows untouched
+    reader2 = Later()
+    cache.reads.events[c.slot] = [reader2]
+    cache.evict("c")
+    cache.put("d", torch.full((4, 4), 4.0))  # every free row is read: the host waits for the oldest reader
+    assert reader.done and not reader2.done
+    assert cache.rows_of(cache.get("d")).eq(4.0).all() and cache.arena[4:].eq(3.0).all()
+
+
+def test_runner_with_entries_equals_tensors():
+    g = gen(11)
+    H, k = 16, 2
+    W, V = H * (1 + k), 41
+    buffers = StagingBuffers.allocate(max_num_tokens=64, max_batch_size=4, embed_width=W, embed_dtype=F32,
+                                      device="cpu")
+    runner = PrefillGraphRunner(lambda v: v["input_embeds"] * 1, buffers, buckets=[32, 64], progress=False)
+    cache = cache_for(W, F32, "cpu", rows=40, host_rows=40)
+    table = randn(g, V, H)
+    for step in range(4):  # new keys and hits every step
+        items = {f"img{step}-{j}": tuple(randn(g, 5 + j, H) for _ in range(1 + (j % 3))) for j in range(3)}
+        for key, item in items.items():
+            if key not in cache:
+                cache.put(key, item)
+        n = 37
+        ids = randint(g, 0, V, n)
+        index = index_for(g, n, 18, "cpu")
+        kw = dict(input_ids=ids, positions=torch.arange(n), table=table, media_index=index)
+        entries = [cache.get(key, rows=item[0].shape[0]) for key, item in items.items()]
+        got = runner.run(PrefillBatch(media=entries, **kw), clone=True)
+        want = runner.run(PrefillBatch(media=torch.cat([wide(i, W) for i in items.values()]), **kw), clone=True)
+        assert same_bytes(got, want)
+
+
+@pytest.mark.cuda
+def test_cuda_replay_with_entries_equals_eager_and_notes_reads():
+    g = gen(13)
+    W, V, n = 64, 50, 100
+    buffers = StagingBuffers.allocate(max_num_tokens=128, max_batch_size=4, embed_width=W, embed_dtype=BF16,
+                                      device="cuda")
+    runner = PrefillGraphRunner(lambda v: v["input_embeds"] * 2, buffers, buckets=[128], progress=False).capture()
+    cache = cache_for(W, BF16, "cuda", rows=64, host_rows=64)
+    table = randn(g, V, W, BF16, "cuda")
+    for step in range(6):
+        items = [randn(g, 9, W, BF16, "cuda") for _ in range(3)]
+        entries = [cache.put(step * 10 + j, it) for j, it in enumerate(items)]
+        ids, index = randint(g, 0, V, n, device="cuda"), index_for(g, n, 27, "cuda")
+        kw = dict(input_ids=ids, positions=torch.arange(n, device="cuda"), table=table, media_index=index)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = runner.run(PrefillBatch(media=entries, **kw), clone=True)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert runner.last_bucket == 128
+        assert all(cache.reads.events[e.slot] for e in entries)  # the replay's event is filed under each
+        want = runner.run(PrefillBatch(media=torch.cat(items), **kw), clone=True)
+        assert same_bytes(got, want)
+    assert any(cache.tier(cache.get(key)) == "host" for key in range(60) if key in cache)
+
+
+@pytest.mark.cuda
+def test_cuda_caller_capture_refuses_entries():
+    cache = cache_for(16, F32, "cuda")
+    e = cache.put("x", torch.randn(4, 16, device="cuda"))
+    slab = torch.zeros(8, 16, device="cuda")
+    ids, table = torch.zeros(8, dtype=torch.int64, device="cuda"), torch.randn(4, 16, device="cuda")
+    index = torch.tensor([0, 1, 2, 3, -1, -1, -1, -1], device="cuda")
+    stage(slab, ids, table, media=[e], media_index=index)  # (loads the kernel outside the capture)
+    media = cache.rows_of(e).clone()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    refused, errors = None, new_error_word(torch.device("cuda"))
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        stage_embeddings(slab, ids, table, errors=errors, media=media, media_index=index)  # tensors: captured
+        try:
+            stage_embeddings(slab, ids, table, errors=errors, media=[e], media_index=index)
+        except ValueError as exc:
+            refused = exc
+    assert refused is not None and "inside a graph the caller captures" in str(refused)
+
+
+@pytest.mark.cuda
+def test_cuda_host_far_ahead_never_overwrites_rows_a_queued_staging_reads():
+    """A staging queued behind a long device sleep on one stream reads entries; the host then evicts them and
+    puts new items from another stream: the new rows are written only after that staging read the old ones."""
+    g = gen(21)
+    W, V, n = 64, 30, 48
+    cache = cache_for(W, BF16, "cuda", rows=32)
+    A, B, C, D = (randn(g, 16, W, BF16, "cuda") for _ in range(4))
+    ids, table = randint(g, 0, V, n, device="cuda"), randn(g, V, W, BF16, "cuda")
+    index = index_for(g, n, 32, "cuda")
+    want = poisoned(n, W, BF16, "cuda")
+    stage(want, ids, table, media=torch.cat([A, B]), media_index=index)
+    slab = poisoned(n, W, BF16, "cuda")
+    busy, other = torch.cuda.Stream(), torch.cuda.Stream()
+    errors = new_error_word(torch.device("cuda"))
+    busy.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(200_000_000)  # a busy GPU
+        entries = [cache.put("a", A), cache.put("b", B)]
+        stage_embeddings(slab, ids, table, errors=errors, media=entries, media_index=index)
+    with torch.cuda.stream(other):
+        cache.put("c", C)  # every row is read by the queued staging: the host waits for it, then writes
+        cache.put("d", D)
+    torch.cuda.synchronize()
+    assert same_bytes(slab, want)
+    assert same_bytes(cache.rows_of(cache.get("c")), C) and same_bytes(cache.rows_of(cache.get("d")), D)
