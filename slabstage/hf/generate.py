@@ -90,8 +90,9 @@ def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, to
     ``requests``: :class:`Request` s as :func:`pack_requests` takes them (their ``chunk`` is ignored: the
     scheduler cuts the chunks). ``max_new_tokens``: at most that many new ids each; a request also stops after
     an id in ``eos_token_id`` (default: the model's ``generation_config.eos_token_id``), which it includes, as
-    HF's ``generate`` does. ``token_budget``: the most prompt tokens one prefill step packs (and the staging
-    buffers' capacity); a prompt longer than what is left of it is prefilled over several steps.
+    HF's ``generate`` does. ``token_budget``: the most prompt tokens one prefill step packs (the staging
+    buffers hold that many rows, or ``max_running`` when more: a decode step's); a prompt longer than what
+    is left of it is prefilled over several steps.
     ``max_running``: requests in flight at once (KV-cache rows; default all of them). ``graphs``: on CUDA,
     capture the prefill buckets (``buckets``, default :func:`default_token_buckets` of the budget) and the
     decode batch sizes (:func:`decode_buckets`) and replay them; on the host the runner runs eagerly.
@@ -136,13 +137,14 @@ class Generator:
         self.model, self.fam, self.budget, self.max_running = model, fam, token_budget, max_running
         self.device, self.dtype = lm_param.device, lm_param.dtype
         self.head = model.get_output_embeddings()
-        self.buffers = StagingBuffers.allocate(max_num_tokens=token_budget, max_batch_size=max_running,
+        capacity = max(token_budget, max_running)  # (a decode step has a row a running request)
+        self.buffers = StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=max_running,
                                                embed_width=input_embeds_width(model), embed_dtype=self.dtype,
                                                device=self.device, mrope=fam.is_vlm)
         self.cache = KVCache.allocate(model, max_running, max_context)
         forward = prefill_forward(model, cache=self.cache)
         ladder = sorted(set(decode_buckets(max_running)) | set(buckets or _prefill_buckets(token_budget)))
-        self.runner = PrefillGraphRunner(forward, self.buffers, buckets=[b for b in ladder if b <= token_budget],
+        self.runner = PrefillGraphRunner(forward, self.buffers, buckets=[b for b in ladder if b <= capacity],
                                          enforce_eager=not graphs, **{"progress": False, **(runner_options or {})})
         if graphs and self.device.type == "cuda":
             self.runner.capture()

@@ -73,7 +73,7 @@ def test_requests_queue_for_cache_rows_and_budgets_vary():
     model.generation_config.eos_token_id = None
     ref = _hf(model, prompts)
     reqs = [r for r, _ in prompts]
-    for budget, running in ((7, 1), (64, 2)):
+    for budget, running in ((7, 1), (64, 2), (2, 3)):  # (a budget under the running requests: decode fits)
         assert sshf.generate(model, reqs, max_new_tokens=NEW, token_budget=budget, max_running=running) == ref
 
 
