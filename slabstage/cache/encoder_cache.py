@@ -261,8 +261,8 @@ class EncoderCache:
     def _demote(self, slot: int) -> None:
         """Move a device entry to the host tier (a queued copy), keeping its key and generation."""
         rows = self.lens[slot]
-        del self.lru[DEVICE][slot]
         at = self._room(HOST, rows)
+        del self.lru[DEVICE][slot]
         src = self._view(slot)
         self.arenas[HOST][at:at + rows].copy_(src, non_blocking=True)
         events = self.reads.take(slot)
