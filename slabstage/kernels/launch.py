@@ -42,7 +42,7 @@ from .validate import Checked, check_batch
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream", "live_stagers"]
 
 _REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
-_STREAMS: dict = {}  # device -> the side stream the runner captures on
+_STREAMS: dict = {}  # (device, "runner") -> the side stream the runner captures on
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every stager not yet collected
 _RETIRED: list = []  # [event or None, stream, held]: what a collected stager held, until its device work ends
 _RETIRED_LOCK = threading.Lock()
@@ -152,7 +152,8 @@ class Stager(BlockWriter):
             self.ring.words[start:start + self._dest.size] = self._dest
         _LIVE.add(self)
         if device.type == "cuda":  # (what the device may still read or write outlives the stager a while)
-            weakref.finalize(self, _retire, (self.ring, self.params, self.counter, self._kept), self._where)
+            done = weakref.finalize(self, _retire, (self.ring, self.params, self.counter, self._kept), self._where)
+            done.atexit = False  # (at exit the process frees it all)
 
     def words_for(self, tokens: int) -> int:
         """The most words a block of a batch of ``tokens`` tokens takes."""

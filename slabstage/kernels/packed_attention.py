@@ -173,7 +173,8 @@ def packed_attention(q, k, v, offsets, scale: float, k_cache=None, v_cache=None,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), table.stride(0) if has_cache else 0,
         B, group, scale * 1.4426950408889634,
-        HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),  # (tl.dot takes K >= 16)
+        BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_B=triton.next_power_of_2(B), HAS_CACHE=has_cache,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRET=_interpreting(),
         num_warps=warps, num_stages=stages)

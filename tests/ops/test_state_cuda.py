@@ -79,6 +79,10 @@ def test_two_slabs_on_two_streams_busy_device(slabs):
         sa, sb = base[:T], base[T:]
     errors = new_error_word(DEV)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    warm = torch.zeros(8, W, dtype=torch.bfloat16, device=DEV)  # (the kernel's variants compile outside the test)
+    stage_embeddings(warm, torch.arange(8, device=DEV), table, errors=errors)
+    stage_embeddings(warm, torch.arange(8, device=DEV), table, media=torch.randn(2, W, device=DEV).bfloat16(),
+                     media_index=torch.tensor([-1, 0, 1, -1, -1, -1, -1, -1], device=DEV), errors=errors)
     for round_ in range(10):
         na, nb = 30 + round_, 70 - round_
         ia, ib = (torch.randint(0, V, (n,), generator=g).to(DEV) for n in (na, nb))
@@ -116,7 +120,7 @@ def test_ops_and_runner_interleaved_on_one_set_of_buffers():
     def forward(v):
         return v["input_embeds"].float() * 2 + v["positions"][:, None].float()
 
-    runner = PrefillGraphRunner(forward, buffers, buckets=[16, 32, 64]).capture()
+    runner = PrefillGraphRunner(forward, buffers, buckets=[16, 32, 64], verify="off", progress=False).capture()
     for step in range(8):
         n = 5 + 7 * step
         ids = torch.randint(0, V, (n,), generator=g)
@@ -124,6 +128,7 @@ def test_ops_and_runner_interleaved_on_one_set_of_buffers():
         batch = PrefillBatch(input_ids=ids.to(DEV), positions=pos, table=table)  # (host positions: in the block)
         op_ids = torch.randint(0, V, (n + 3,), generator=g)
         op_pos = op_ids + 5
+        op_ids_dev, op_pos_dev = op_ids.to(DEV), op_pos.to(DEV)  # (a pageable copy syncs: before the checked calls)
         expect = table[ids.to(DEV)].float() * 2 + pos.to(DEV)[:, None].float()
         torch.cuda._sleep(BUSY)
         with no_sync():
@@ -131,7 +136,7 @@ def test_ops_and_runner_interleaved_on_one_set_of_buffers():
             op(buffers, input_ids=op_ids, positions=op_pos, pad_to=n + 3)
             out = runner.run(batch, clone=True)
             kept = buffers.input_ids[:n].clone()
-            op(buffers, input_ids=op_ids.to(DEV), positions=op_pos.to(DEV), pad_to=n + 3)
+            op(buffers, input_ids=op_ids_dev, positions=op_pos_dev, pad_to=n + 3)
         torch.cuda.synchronize()
         assert runner.last_bucket is not None
         assert torch.equal(out, expect), f"step {step}: the runner's outputs are not its batch's"
@@ -169,7 +174,7 @@ def test_slab_views_staged_then_dropped_give_memory_back():
     torch.cuda.synchronize()  # (a stager the cache let go of lives on until its queued work has run)
     assert launch.live_stagers() <= live0 + op_stagers.MAX_STAGERS
     assert all(torch.equal(s[:len(i[:8])], table[i[:8]].to(torch.bfloat16)) for s, i in zip(slabs, ids))
-    del base, slabs, ids
+    del base, slabs, ids, slab, i  # (the loop's names hold the last slab too)
     gc.collect()
     torch.cuda.synchronize()
     assert launch.live_stagers() == live0, "stagers (pinned rings, device blocks) outlived their slabs"
@@ -187,7 +192,7 @@ def test_a_dropped_stager_outlives_its_queued_work():
     live0 = launch.live_stagers()
     slab = torch.zeros(16, W, dtype=torch.bfloat16, device=DEV)
     ids = torch.arange(16, device=DEV) % 20
-    torch.cuda._sleep(BUSY)
+    torch.cuda._sleep(4 * BUSY)  # (longer than a new stager's pinned ring takes to allocate)
     with no_sync():
         stage_embeddings(slab, ids, table, errors=errors)
         del slab

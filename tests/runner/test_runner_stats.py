@@ -22,7 +22,7 @@ def test_stats_start_again_at_capture_and_reset(eager, device, stage_path):
     buf = ss.StagingBuffers.allocate(max_num_tokens=T, max_batch_size=2, embed_width=W, embed_dtype=torch.float32,
                                      device=device)
     runner = ss.PrefillGraphRunner(lambda v: v["input_embeds"] * 2, buf, buckets=[8, 16], progress=False,
-                                   enforce_eager=eager)
+                                   enforce_eager=eager, verify="off")  # (no bucket dropped for its timing)
     run_some(runner, device)  # before capture: eager runs
     assert sum(runner.stats()["eager"].values()) == 3
     runner.capture()
