@@ -12,23 +12,26 @@ read back once per step: that read is the scheduler's one host sync (it needs th
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
 
+from ..cache.encoder_cache import EncoderCache
 from ..graph_runner.batch import PrefillBatch
 from ..graph_runner.runner import PrefillGraphRunner
 from ..staging.buffers import StagingBuffers
-from ._checks import as_prompt_ids, check_placeholders, placeholder_runs
+from ._checks import as_prompt_ids, check_grid, check_pixels, check_placeholders, grid_rows, placeholder_runs
 from ._family import family_of, transformers_version
 from .forward import prefill_forward
 from .kv_cache import KVCache
+from .media import media_items
 from .mrope import check_vlm_grids, grid_tensor, layout_of_rows, layout_rule, rope_index
 from .pack import Request, pack_requests
 from .width import input_embeds_width
 
-__all__ = ["Generator", "generate", "decode_buckets", "hf_generate"]
+__all__ = ["Generator", "generate", "decode_buckets", "hf_generate", "content_keys"]
 
 
 def decode_buckets(max_running: int) -> list[int]:
@@ -51,6 +54,7 @@ class _Seq:
     done: int = 0  # prompt tokens prefilled
     delta: int = 0  # mrope: text position = token index + delta (HF's rope_deltas)
     new: list = field(default_factory=list)
+    keys: list | None = None  # with an encoder cache: its items' keys (None: its media as given)
 
 
 def _eos_ids(model, eos_token_id) -> set:
@@ -82,9 +86,27 @@ def _rope_delta(fam, request: Request, ids: torch.Tensor) -> int:
     return layout.position_delta(L)
 
 
+def content_keys(pixels, grid, kind: str) -> list:
+    """One encoder-cache key per row of ``grid`` (``kind``: ``"image"`` or ``"video"``): the whole SHA-256 digest
+    (32 bytes, never cut short) of the kind, the grid row, the pixels' dtype and width and the raw bytes of the
+    item's pixel rows. Equal pixels under an equal grid give an equal key, in any request or call. The pixels
+    are read on the host (one copy from a device)."""
+    if pixels is None:
+        return []
+    host = pixels.detach().to("cpu").contiguous()
+    keys, end = [], 0
+    for t, h, w in grid.tolist():
+        rows, end = host[end:end + t * h * w], end + t * h * w
+        digest = hashlib.sha256(f"{kind} {t} {h} {w} {host.dtype} {host.shape[1]}|".encode())
+        digest.update(rows.reshape(-1).view(torch.uint8).numpy())
+        keys.append(digest.digest())
+    return keys
+
+
 def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, token_budget: int = 256,
              max_running: int | None = None, eos_token_id=None, graphs: bool = True,
-             buckets: Sequence[int] | None = None, runner_options: dict | None = None) -> list[list[int]]:
+             buckets: Sequence[int] | None = None, runner_options: dict | None = None,
+             encoder_cache=None) -> list[list[int]]:
     """Greedy new ids for each of ``requests`` (a list per request, in order), scheduled like an engine.
 
     ``requests``: :class:`Request` s as :func:`pack_requests` takes them (their ``chunk`` is ignored: the
@@ -97,6 +119,13 @@ def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, to
     capture the prefill buckets (``buckets``, default :func:`default_token_buckets` of the budget) and the
     decode batch sizes (:func:`decode_buckets`) and replay them; on the host the runner runs eagerly.
     ``runner_options``: further :class:`PrefillGraphRunner` keyword arguments.
+
+    Media: a request's ``media`` (encoded items), or its ``pixel_values`` / ``pixel_values_videos`` with the
+    grids, which are encoded here. ``encoder_cache``: an :class:`~slabstage.cache.EncoderCache` at the slab's
+    width on the model's device (or a byte budget: one is made at the slab's width and dtype). Pixels are
+    then keyed by content (:func:`content_keys`) and encoded through it at the prefill step that reads them:
+    an image in two requests, or in an earlier call through the same cache, is encoded once; its rows are
+    staged by handle. Items given as tensors are copied into it for the call.
 
     Builds a :class:`Generator` for these requests (buffers, cache, graphs) and runs it; an engine keeps one.
     Steps: admit waiting requests while cache rows are free; if any running request has prompt left, one
@@ -111,7 +140,8 @@ def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, to
     lengths = [as_prompt_ids(r.input_ids, f"slabstage.hf.generate: request {k}:").shape[0]
                if isinstance(r, Request) else 1 for k, r in enumerate(requests)]
     engine = Generator(model, max_running=min(running, len(requests)), max_context=max(lengths) + max_new_tokens,
-                       token_budget=token_budget, graphs=graphs, buckets=buckets, runner_options=runner_options)
+                       token_budget=token_budget, graphs=graphs, buckets=buckets, runner_options=runner_options,
+                       encoder_cache=encoder_cache)
     return engine.generate(requests, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
 
 
@@ -125,10 +155,12 @@ class Generator:
     """The staging buffers, KV cache and graph runner that :func:`generate` schedules over, kept across calls
     (an engine allocates and captures once): ``max_running`` requests in flight (KV-cache rows) of at most
     ``max_context`` tokens (prompt and new ids), ``token_budget`` tokens a prefill step; ``graphs``,
-    ``buckets``, ``runner_options`` as :func:`generate` takes them. Captures on construction on CUDA."""
+    ``buckets``, ``runner_options``, ``encoder_cache`` as :func:`generate` takes them (``self.encoder_cache``: the
+    cache, kept across calls). Captures on construction on CUDA."""
 
     def __init__(self, model, *, max_running: int, max_context: int, token_budget: int = 256, graphs: bool = True,
-                 buckets: Sequence[int] | None = None, runner_options: dict | None = None) -> None:
+                 buckets: Sequence[int] | None = None, runner_options: dict | None = None,
+                 encoder_cache=None) -> None:
         fam = family_of(model, "generate")
         for name, value in (("max_running", max_running), ("max_context", max_context),
                             ("token_budget", token_budget)):
@@ -138,8 +170,11 @@ class Generator:
         self.device, self.dtype = lm_param.device, lm_param.dtype
         self.head = model.get_output_embeddings()
         capacity = max(token_budget, max_running)  # (a decode step has a row a running request)
+        width = input_embeds_width(model)
+        self.encoder_cache = self._own_cache(encoder_cache, width)
+        self._calls = 0  # generate() calls (the keys of items given as tensors name theirs)
         self.buffers = StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=max_running,
-                                               embed_width=input_embeds_width(model), embed_dtype=self.dtype,
+                                               embed_width=width, embed_dtype=self.dtype,
                                                device=self.device, mrope=fam.is_vlm)
         self.cache = KVCache.allocate(model, max_running, max_context)
         forward = prefill_forward(model, cache=self.cache)
@@ -149,10 +184,81 @@ class Generator:
         if graphs and self.device.type == "cuda":
             self.runner.capture()
 
+    def _own_cache(self, cache, width: int):
+        where = "slabstage.hf.generate: encoder_cache"
+        if cache is None:
+            return None
+        if not self.fam.is_vlm:
+            raise ValueError(f"{where}: {type(self.model).__name__} ({self.fam.name}) is a text-only model")
+        if not isinstance(cache, EncoderCache):
+            if isinstance(cache, bool) or not isinstance(cache, int):
+                raise TypeError(f"{where} must be a slabstage.cache.EncoderCache or a byte budget (int), got "
+                                f"{type(cache).__name__}")
+            return EncoderCache(width, self.dtype, self.device, cache)
+        if cache.width != width or cache.device != self.device:
+            raise ValueError(f"{where} holds rows of {cache.width} columns on {cache.device}; this model's slab is "
+                             f"{width} columns on {self.device}")
+        return cache
+
+    def _prepare(self, seq: _Seq) -> None:
+        """A request's pixels: encoded now (no encoder cache) or keyed by content (encoded at its prefill); with
+        a cache, items given as tensors get keys of this call. Its ``media`` is left as placeholders of its rows
+        for the checks."""
+        req, where, cache = seq.request, f"slabstage.hf.generate: request {seq.index}:", self.encoder_cache
+        if not self.fam.is_vlm:
+            return
+        if req.pixel_values is None and req.pixel_values_videos is None:
+            if cache is not None and req.media:
+                seq.keys = [f"slabstage.hf.generate call {self._calls} request {seq.index} item {j}"
+                            for j in range(len(req.media))]
+            return
+        if req.media:
+            raise ValueError(f"{where} it gives both media and pixels: give one of them")
+        merge = int(self.fam.vision_config.spatial_merge_size)
+        grids = []
+        for pixels, grid, name, pixels_name in ((req.pixel_values, req.image_grid_thw, "image_grid_thw",
+                                                 "pixel_values"), (req.pixel_values_videos, req.video_grid_thw,
+                                                                   "video_grid_thw", "pixel_values_videos")):
+            host = check_grid(grid, name, where, merge)
+            if (pixels is None) != (host is None):
+                raise ValueError(f"{where} {pixels_name} and {name} come together")
+            if host is not None:
+                check_pixels(pixels, host, pixels_name, name, where)
+            grids.append(host)
+        if cache is None:
+            items = media_items(self.model, req.pixel_values, req.image_grid_thw, req.pixel_values_videos,
+                                req.video_grid_thw)
+            seq.request = replace(req, media=items, pixel_values=None, pixel_values_videos=None)
+            return
+        seq.keys = content_keys(req.pixel_values, grids[0], "image") + \
+            content_keys(req.pixel_values_videos, grids[1], "video")
+        seq.request = replace(req, media=[torch.empty(n, 0) for n in grid_rows(grids[0], merge) +
+                                          grid_rows(grids[1], merge)])  # (the checks read their rows)
+
+    def _media(self, seqs: list) -> list | None:
+        """Each request's items for a prefill step: as given, or (with an encoder cache) its entries, the misses
+        encoded now; None when an entry taken for this step was evicted by a later one of it (the budget cannot
+        hold the step's items at once)."""
+        cache, out = self.encoder_cache, []
+        for seq in seqs:
+            req = seq.request
+            if seq.keys is None:
+                out.append(req.media)
+            elif req.pixel_values is None and req.pixel_values_videos is None:  # items given as tensors
+                out.append([cache.get(k) or cache.put(k, tuple(item) if type(item) is list else item)
+                            for k, item in zip(seq.keys, req.media)])
+            else:
+                out.append(media_items(self.model, req.pixel_values, req.image_grid_thw, req.pixel_values_videos,
+                                       req.video_grid_thw, encoder_cache=cache, keys=seq.keys))
+        if cache is not None and any(cache.gens[e.slot] != e.gen for items in out for e in items):
+            return None
+        return out
+
     def generate(self, requests: Sequence[Request], *, max_new_tokens: int = 32, eos_token_id=None) -> list:
-        """:func:`generate` over this generator's buffers, cache and graphs."""
+        """:func:`generate` over this generator's buffers, caches and graphs."""
         fam, where = self.fam, "slabstage.hf.generate:"
         _check_int("max_new_tokens", max_new_tokens)
+        self._calls += 1
         seqs = []
         for k, req in enumerate(requests):
             if not isinstance(req, Request):
@@ -165,6 +271,8 @@ class Generator:
             seqs.append(_Seq(k, replace(req, input_ids=ids, chunk=None, req_index=None), ids.shape[0]))
         if not seqs:
             return []
+        for seq in seqs:
+            self._prepare(seq)
         pack_requests(self.model, [s.request for s in seqs])  # every request's checks before anything runs
         if fam.is_vlm:
             for seq in seqs:
@@ -184,6 +292,10 @@ class Generator:
                 if token in eos or len(seq.new) >= max_new_tokens:
                     running.remove(seq)
                     free.append(seq.row)
+        for seq in seqs:  # (the entries of items given as tensors were this call's)
+            if seq.keys and seq.request.pixel_values is None and seq.request.pixel_values_videos is None:
+                for key in seq.keys:
+                    self.encoder_cache.evict(key)
         return [s.new for s in seqs]
 
     def _cache_inputs(self, rows: list, starts: list, counts: list) -> dict:
@@ -207,7 +319,15 @@ class Generator:
             n = min(seq.length - seq.done, left)
             chunks.append((seq, seq.done, seq.done + n))
             left -= n
-        batch = pack_requests(self.model, [replace(s.request, chunk=(a, b)) for s, a, b in chunks])
+        media = self._media([s for s, _, _ in chunks])
+        if media is None:  # the cache cannot hold the step's items at once: this step prefills the first request
+            chunks = chunks[:1]
+            media = self._media([chunks[0][0]])
+            if media is None:
+                raise ValueError(f"slabstage.hf.generate: request {chunks[0][0].index}: the encoder cache's budget "
+                                 f"cannot hold its items at once")
+        batch = pack_requests(self.model, [replace(s.request, chunk=(a, b), media=m)
+                                           for (s, a, b), m in zip(chunks, media)])
         # the KV-cache inputs of the cache's default layout (filled at allocation: nothing to write into
         # req_to_token, so no host-to-device copy beside the runner's one); the runner checks them with the rest
         for name, value in self._cache_inputs([s.row for s, _, _ in chunks], [a for _, a, _ in chunks],

@@ -34,6 +34,9 @@ class Request:
     ``media``, the grids, ``second_per_grid_ts`` or ``mrope_positions``. ``req_index``: the
     request's row of a :class:`KVCache`'s ``req_to_token`` (default: its place in the batch); a
     chunk that starts at token ``s`` attends to the ``s`` tokens cached by earlier chunks there.
+    ``pixel_values`` / ``pixel_values_videos``: the processor's pixels for the grids, in place of ``media``,
+    for :func:`generate` (which encodes them, through its encoder cache when it has one);
+    :func:`pack_requests` takes encoded ``media`` and ignores them.
     """
 
     input_ids: torch.Tensor
@@ -44,6 +47,8 @@ class Request:
     chunk: tuple[int, int] | None = None
     mrope_positions: torch.Tensor | None = None
     req_index: int | None = None
+    pixel_values: torch.Tensor | None = None
+    pixel_values_videos: torch.Tensor | None = None
 
 
 @dataclass
@@ -65,7 +70,8 @@ class _Checked:
     own_mrope: bool
 
 
-_VLM_ONLY = ("media", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "mrope_positions")
+_VLM_ONLY = ("media", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "mrope_positions", "pixel_values",
+             "pixel_values_videos")
 
 
 def _check_requests(fam, requests: list) -> _Checked:
