@@ -235,10 +235,10 @@ class Generator:
         seq.request = replace(req, media=[torch.empty(n, 0) for n in grid_rows(grids[0], merge) +
                                           grid_rows(grids[1], merge)])  # (the checks read their rows)
 
-    def _media(self, seqs: list) -> list | None:
+    def _media(self, seqs: list, last: bool = False) -> list | None:
         """Each request's items for a prefill step: as given, or (with an encoder cache) its entries, the misses
         encoded now; None when an entry taken for this step was evicted by a later one of it (the budget cannot
-        hold the step's items at once)."""
+        hold the step's items at once; ``last``: raise that ``ValueError`` instead)."""
         cache, out = self.encoder_cache, []
         for seq in seqs:
             req = seq.request
@@ -248,8 +248,13 @@ class Generator:
                 out.append([cache.get(k) or cache.put(k, tuple(item) if type(item) is list else item)
                             for k, item in zip(seq.keys, req.media)])
             else:
-                out.append(media_items(self.model, req.pixel_values, req.image_grid_thw, req.pixel_values_videos,
-                                       req.video_grid_thw, encoder_cache=cache, keys=seq.keys))
+                try:
+                    out.append(media_items(self.model, req.pixel_values, req.image_grid_thw, req.pixel_values_videos,
+                                           req.video_grid_thw, encoder_cache=cache, keys=seq.keys))
+                except ValueError:  # (its inputs were checked: the budget could not hold its items at once)
+                    if last:
+                        raise
+                    return None
         if cache is not None and any(cache.gens[e.slot] != e.gen for items in out for e in items):
             return None
         return out
@@ -323,6 +328,11 @@ class Generator:
         if media is None:  # the cache cannot hold the step's items at once: this step prefills the first request
             chunks = chunks[:1]
             media = self._media([chunks[0][0]])
+        if media is None:  # its items fit the budget but not the free runs between entries: the cache starts over
+            cache = self.encoder_cache
+            for key in [k for k in cache.keys if k is not None]:
+                cache.evict(key)
+            media = self._media([chunks[0][0]], last=True)
             if media is None:
                 raise ValueError(f"slabstage.hf.generate: request {chunks[0][0].index}: the encoder cache's budget "
                                  f"cannot hold its items at once")

@@ -1,0 +1,122 @@
+"""slabstage.hf.generate with an encoder cache: requests give pixels, keyed by content and encoded through the
+cache; the ids equal HF's generate and generation without the cache; a shared image is encoded once, a second call
+hits, a budget that evicts mid-run changes nothing. Tiny fp32 models on the host."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import slabstage.hf as sshf  # noqa: E402
+from slabstage.cache import EncoderCache  # noqa: E402
+from slabstage.hf.generate import content_keys, hf_generate  # noqa: E402
+from slabstage.hf.tiny import tiny_model, tiny_request  # noqa: E402
+from slabstage.hf.width import input_embeds_width  # noqa: E402
+
+NEW = 16
+# (images, videos) per prompt; prompt 2 repeats prompt 0's first image (same pixels, same grid)
+PROMPTS = [([(1, 4, 6)], [(2, 4, 4)]), ([(1, 4, 4), (1, 6, 4)], ()), ([(1, 4, 6)], ()), ((), ())]
+
+
+def _prompts(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k, (images, videos) in enumerate(PROMPTS):
+        lens = [3 + 4 * k + j for j in range(len(images) + len(videos) + 1)]
+        req, hf = tiny_request(model, images, videos, text_lens=lens, generator=g)
+        out.append([req, hf])
+    # prompt 2's image: prompt 0's pixels (its first 24 patch rows)
+    out[2][1]["pixel_values"] = out[0][1]["pixel_values"][:24].clone()
+    reqs = []
+    for req, hf in out:
+        reqs.append(sshf.Request(req.input_ids, image_grid_thw=req.image_grid_thw, video_grid_thw=req.video_grid_thw,
+                                 pixel_values=hf.get("pixel_values"), pixel_values_videos=hf.get("pixel_values_videos")))
+    return reqs, [hf for _, hf in out]
+
+
+class _Count:
+    """Counts the vision tower's calls and the items it encodes (wraps the base model's feature getters; a call
+    inside another, as Qwen3-VL's video getter makes to its image getter, is the same encode)."""
+
+    def __init__(self, model, monkeypatch):
+        self.calls, self.items, self.depth = 0, 0, 0
+        base = model.model
+        for name in ("get_image_features", "get_video_features"):
+            real = getattr(base, name)
+
+            def wrapped(pixels, grid, *a, _real=real, **k):
+                if not self.depth:
+                    self.calls += 1
+                    self.items += len(grid)
+                self.depth += 1
+                try:
+                    return _real(pixels, grid, *a, **k)
+                finally:
+                    self.depth -= 1
+            monkeypatch.setattr(base, name, wrapped)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_generate_through_the_cache_equals_hf_and_uncached(family, monkeypatch):
+    model = tiny_model(family, seed=3)
+    model.generation_config.eos_token_id = None
+    reqs, hfs = _prompts(model)
+    ref = [hf_generate(model, NEW, **hf) for hf in hfs]
+    plain = sshf.generate(model, reqs, max_new_tokens=NEW, token_budget=24)  # pixels encoded up front, no cache
+    assert plain == ref
+    count = _Count(model, monkeypatch)
+    gen = sshf.Generator(model, max_running=4, max_context=128, token_budget=24, encoder_cache=1 << 20)
+    assert gen.generate(reqs, max_new_tokens=NEW) == ref
+    assert count.items == 4 and len(gen.encoder_cache) == 4  # 5 items, the shared image encoded once
+    calls = count.calls
+    assert gen.generate(reqs, max_new_tokens=NEW) == ref  # a second call: every item a hit
+    assert count.calls == calls and count.items == 4
+    # items given as tensors (tiny_request's) through the same cache: equal too, and the call's entries go after it
+    given = [tiny_request(model, i, v, text_lens=[3 + 4 * k + j for j in range(len(i) + len(v) + 1)],
+                          generator=torch.Generator().manual_seed(9))[0] for k, (i, v) in enumerate(PROMPTS[:2])]
+    assert gen.generate(given, max_new_tokens=4) == sshf.generate(model, given, max_new_tokens=4, token_budget=24)
+    assert len(gen.encoder_cache) == 4
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_a_cache_that_evicts_mid_run_gives_the_same_ids(family, monkeypatch):
+    model = tiny_model(family, seed=4)
+    model.generation_config.eos_token_id = None
+    reqs, hfs = _prompts(model, seed=1)
+    ref = [hf_generate(model, NEW, **hf) for hf in hfs]
+    width = input_embeds_width(model)
+    cache = EncoderCache(width, torch.float32, "cpu", device_budget_bytes=14 * width * 4)  # 14 rows: one request's
+    count = _Count(model, monkeypatch)
+    for budget, running in ((24, 4), (7, 1), (64, 2)):
+        assert sshf.generate(model, reqs, max_new_tokens=NEW, token_budget=budget, max_running=running,
+                             encoder_cache=cache) == ref
+    assert count.items > 4  # evicted items were encoded again
+
+
+def test_content_keys_are_whole_digests_of_content():
+    pixels = torch.randn(40, 8)
+    grid = torch.tensor([[1, 4, 6], [1, 4, 4]])
+    a, b = content_keys(pixels, grid, "image")
+    assert len(a) == 32 and a != b
+    assert content_keys(pixels[:24].clone(), grid[:1], "image") == [a]
+    assert content_keys(pixels[:24], grid[:1], "video") != [a]
+    assert content_keys(pixels[:24].double(), grid[:1], "image") != [a]
+    assert content_keys(pixels[:24], torch.tensor([[1, 6, 4]]), "image") != [a]
+
+
+def test_bad_encoder_cache_arguments():
+    model = tiny_model("qwen2_vl")
+    with pytest.raises(TypeError, match="encoder_cache"):
+        sshf.Generator(model, max_running=1, max_context=64, encoder_cache="big")
+    with pytest.raises(ValueError, match="encoder_cache holds rows of 7 columns"):
+        sshf.Generator(model, max_running=1, max_context=64, encoder_cache=EncoderCache(7, torch.float32, "cpu", 4096))
+    with pytest.raises(ValueError, match="text-only"):
+        sshf.Generator(tiny_model("qwen2"), max_running=1, max_context=64, encoder_cache=1 << 20)
+    reqs, _ = _prompts(model)
+    both = sshf.Request(reqs[2].input_ids, [torch.zeros(6, 32)], image_grid_thw=reqs[2].image_grid_thw,
+                        pixel_values=reqs[2].pixel_values)
+    with pytest.raises(ValueError, match="request 1: it gives both media and pixels"):
+        sshf.generate(model, [reqs[0], both], encoder_cache=1 << 20)
+    with pytest.raises(ValueError, match="pixel_values has shape"):
+        sshf.generate(model, [sshf.Request(reqs[2].input_ids, image_grid_thw=reqs[2].image_grid_thw,
+                                           pixel_values=reqs[2].pixel_values[:5])], encoder_cache=1 << 20)
