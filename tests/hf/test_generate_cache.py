@@ -29,8 +29,9 @@ def _prompts(model, seed=0):
     out[2][1]["pixel_values"] = out[0][1]["pixel_values"][:24].clone()
     reqs = []
     for req, hf in out:
-        reqs.append(sshf.Request(req.input_ids, image_grid_thw=req.image_grid_thw, video_grid_thw=req.video_grid_thw,
-                                 pixel_values=hf.get("pixel_values"), pixel_values_videos=hf.get("pixel_values_videos")))
+        reqs.append(sshf.Request(req.input_ids, image_grid_thw=req.image_grid_thw,
+                                 video_grid_thw=req.video_grid_thw, pixel_values=hf.get("pixel_values"),
+                                 pixel_values_videos=hf.get("pixel_values_videos")))
     return reqs, [hf for _, hf in out]
 
 
