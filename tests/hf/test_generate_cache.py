@@ -121,3 +121,22 @@ def test_bad_encoder_cache_arguments():
     with pytest.raises(ValueError, match="pixel_values has shape"):
         sshf.generate(model, [sshf.Request(reqs[2].input_ids, image_grid_thw=reqs[2].image_grid_thw,
                                            pixel_values=reqs[2].pixel_values[:5])], encoder_cache=1 << 20)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_generate_through_the_cache_on_cuda(family, monkeypatch):
+    """Through captured graphs on the GPU, fp32: entries staged by handle give HF's ids, with a cache that holds
+    everything (a second call all hits) and with one that evicts mid-run."""
+    model = tiny_model(family, seed=3, device="cuda")
+    model.generation_config.eos_token_id = None
+    reqs, hfs = _prompts(model)
+    ref = [hf_generate(model, NEW, **hf) for hf in hfs]
+    count = _Count(model, monkeypatch)
+    gen = sshf.Generator(model, max_running=4, max_context=128, token_budget=24, encoder_cache=1 << 20)
+    assert gen.generate(reqs, max_new_tokens=NEW) == ref
+    assert gen.generate(reqs, max_new_tokens=NEW) == ref and count.items == 4
+    assert gen.encoder_cache.device.type == "cuda" and gen.runner.stats()["replays"]
+    width = input_embeds_width(model)
+    small = EncoderCache(width, torch.float32, "cuda", device_budget_bytes=14 * width * 4)
+    assert sshf.generate(model, reqs, max_new_tokens=NEW, token_budget=7, max_running=2, encoder_cache=small) == ref
