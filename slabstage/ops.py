@@ -31,9 +31,8 @@ import torch
 from .checks import check_bool, check_choice, check_int, check_not_meta, check_real, check_tensor
 from .kernels.errors import check_error_word, default_error_word
 from .kernels.launch import Inputs
-from .kernels.op_stagers import slots_stager
+from .kernels.op_stagers import slots_destinations
 from .kernels.stage_embeddings import stage_embeddings
-from .kernels.destinations import Destinations
 from .checks import vocab_bounds
 from .staging.buffers import StagingBuffers
 from .staging.slots import SLOTS, SOURCE_SLOTS
@@ -60,6 +59,7 @@ def _op(qualname: str, fn, params: list, mutates: tuple):
 
 
 _T, _OT = torch.Tensor, Optional[torch.Tensor]
+_SOURCE_NAMES = tuple(s.name for s in SOURCE_SLOTS)
 
 if HAS_CUSTOM_OPS:
     def _embeddings(slab, input_ids, table, media, media_index, errors, pad_to, expand, text_scale, vocab_start,
@@ -78,10 +78,8 @@ if HAS_CUSTOM_OPS:
         dsts, errors = args[:k], args[k]
         sources = args[k + 1:k + 1 + len(SOURCE_SLOTS)]
         pad_to, fills, pads = args[k + 1 + len(SOURCE_SLOTS):]
-        device = next(t.device for t in dsts if t is not None)
-        dst = Destinations(slots=dsts, fills=[f if p else None for f, p in zip(fills, pads)], errors=errors,
-                           host_ok=True, device=device)
-        slots_stager(dst).stage_into(dst, Inputs(**dict(zip((s.name for s in SOURCE_SLOTS), sources))), pad_to)
+        dst, stager = slots_destinations(dsts, [f if p else None for f, p in zip(fills, pads)], errors)
+        stager.stage_into(dst, Inputs(**dict(zip(_SOURCE_NAMES, sources))), pad_to)
 
     _op("slabstage::stage_token_inputs", _token_inputs,
         [(f"{s.name}_dst", _OT) for s in SLOTS] + [("errors", _T)] + [(s.name, _OT) for s in SOURCE_SLOTS]

@@ -21,7 +21,7 @@ from ..staging.registry import slot_signature
 from .destinations import Destinations
 from .launch import Stager
 
-__all__ = ["slab_stager", "slots_stager", "MAX_STAGERS", "cached_stagers", "clear"]
+__all__ = ["slab_stager", "slots_destinations", "slots_stager", "MAX_STAGERS", "cached_stagers", "clear"]
 
 MAX_STAGERS = 16  # stagers kept for the ops' destinations (an engine stages into a few)
 
@@ -30,14 +30,14 @@ _LOCK = threading.Lock()
 
 
 class _Entry:
-    """A cached stager, the finalizers that drop it, and (for a slab) the last call's checked destinations
-    without their tensors, reused while the call's slab and error word are the same objects."""
+    """A cached stager, the finalizers that drop it, and its destinations as last checked without their
+    tensors (``dst``), with the error word they were checked with (a weak reference and its signature)."""
 
-    __slots__ = ("stager", "finalizers", "slab", "errors", "layout", "dst")
+    __slots__ = ("stager", "finalizers", "dst", "errors", "word")
 
     def __init__(self, stager: Stager) -> None:
         self.stager, self.finalizers = stager, []
-        self.slab = self.errors = self.layout = self.dst = None
+        self.dst = self.errors = self.word = None
 
 
 def _base(t: torch.Tensor) -> torch.Tensor:
@@ -85,41 +85,53 @@ def _get(key):
 
 def slab_stager(slab, errors) -> tuple[Destinations, Stager]:
     """The checked destinations of a ``stage_embeddings`` call into ``slab`` (reporting into ``errors``) and
-    the stager of ``slab``'s base tensor, dtype and width. Raises as :class:`Destinations` does."""
+    the stager of ``slab``'s base tensor, dtype and width. Raises as :class:`Destinations` does. A view of a
+    slab already checked with the same error word is checked from its address and rows alone."""
     if not (isinstance(slab, torch.Tensor) and isinstance(errors, torch.Tensor) and slab.dim() == 2):
         Destinations(slab=slab, errors=errors, host_ok=False)  # (raises, naming the argument)
         raise TypeError(f"slab must be a 2-D tensor, got {type(slab).__name__}")  # pragma: no cover
     base = _base(slab)
     key = ("slab", id(base), base.data_ptr(), slab.device, slab.dtype, slab.shape[1])
     entry = _get(key)
-    layout = slot_signature(slab), slot_signature(errors)
-    if entry is not None and entry.layout == layout and entry.slab() is slab and entry.errors() is errors:
-        return _with(entry.dst, slab, errors), entry.stager
+    if entry is not None and entry.errors() is errors and entry.word == slot_signature(errors):
+        dst = entry.dst.slab_view(slab, errors)
+        if dst is not None:
+            return dst, entry.stager
     dst = Destinations(slab=slab, errors=errors, host_ok=False)
     if entry is None:
         entry = _keep(key, Stager(dst), (slab,))
-    entry.slab, entry.errors, entry.layout = weakref.ref(slab), weakref.ref(errors), layout
-    entry.dst = _with(dst, None, None)  # (the checks' results, no tensor: reused while slab and errors are)
+    _remember(entry, dst, errors)
     return dst, entry.stager
 
 
-def _with(dst: Destinations, slab, errors) -> Destinations:
-    """A shallow copy of ``dst`` holding ``slab`` and ``errors``."""
-    out = object.__new__(Destinations)
-    out.__dict__.update(dst.__dict__)
-    out.slab, out.errors = slab, errors
-    return out
+def _remember(entry: _Entry, dst: Destinations, errors) -> None:
+    entry.dst = dst.holding(None, (None,) * len(dst.slots), None)  # (the checks' results, no tensor)
+    entry.errors, entry.word = weakref.ref(errors), slot_signature(errors)
+
+
+def slots_destinations(slots, fills, errors) -> tuple[Destinations, Stager]:
+    """The checked destinations of a custom op's call into integer ``slots`` (one tensor or None per row of
+    :data:`~slabstage.staging.slots.SLOTS`) with ``fills``, reporting into ``errors``, and the stager of exactly
+    those tensors. Raises as :class:`Destinations` does. Tensors already checked are not checked again."""
+    try:
+        key = ("slots", tuple(fills), *(None if t is None else (id(t), *slot_signature(t)) for t in slots),
+               id(errors), slot_signature(errors))
+    except (AttributeError, RuntimeError, TypeError):  # (not plain tensors: the checks say what is wrong)
+        key = None
+    entry = None if key is None else _get(key)
+    if entry is not None and entry.errors() is errors:
+        return entry.dst.holding(None, tuple(slots), errors), entry.stager
+    device = next((t.device for t in slots if isinstance(t, torch.Tensor)), None)
+    dst = Destinations(slots=slots, fills=fills, errors=errors, host_ok=True, device=device)
+    if entry is None:
+        entry = _keep(key, Stager(dst), [t for t in dst.slots if t is not None] + [errors])
+    _remember(entry, dst, errors)
+    return dst, entry.stager
 
 
 def slots_stager(dst: Destinations) -> Stager:
-    """The stager of exactly ``dst``'s integer slots, fills and error word (a custom op's call)."""
-    key = ("slots", dst.device, dst.batch_cap, dst.fills,
-           *(None if t is None else (id(t), t.data_ptr(), t.dtype, t.shape, t.stride()) for t in dst.slots),
-           id(dst.errors), dst.errors.data_ptr())
-    entry = _get(key)
-    if entry is None:
-        entry = _keep(key, Stager(dst), [t for t in dst.slots if t is not None] + [dst.errors])
-    return entry.stager
+    """The stager of exactly ``dst``'s integer slots, fills and error word."""
+    return slots_destinations(dst.slots, dst.fills, dst.errors)[1]
 
 
 def cached_stagers() -> int:
