@@ -44,6 +44,7 @@ def cases(calls: int) -> dict:
     stager = launch.Stager.for_buffers(bufs, embed=False)
     src = [launch.Inputs(input_ids=i, positions=p) for i, p in zip(ids, pos)]
     reg = bufs.registry
+    from slabstage.ops import stage_embeddings_op, stage_token_inputs_op
     from slabstage.staging.slots import SLOTS, SOURCE_SLOTS
     dsts = [reg[s.name] if s.name in reg else None for s in SLOTS]
     fills = [reg.slot(s.name).fill_value if s.name in reg else None for s in SLOTS]
@@ -60,6 +61,10 @@ def cases(calls: int) -> dict:
                                                media_index=index, errors=errors),
         "op": lambda k: torch.ops.slabstage.stage_embeddings(base[:N + k % 7], ids[k % 64], table, media, index,
                                                              errors, N, "zeros", None, 0, V, V, True),
+        "op_wrapper": lambda k: stage_embeddings_op(base[:N + k % 7], ids[k % 64], table, media=media,
+                                                    media_index=index, errors=errors),
+        "tokens_wrapper": lambda k: stage_token_inputs_op(bufs, input_ids=ids[k % 64], positions=pos[k % 64],
+                                                          pad_to=N),
         "tokens": lambda k: torch.ops.slabstage.stage_token_inputs(*tok_args(k)),
         "runner_stage": lambda k: stager.stage(src[k % 64], N),
     }

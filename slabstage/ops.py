@@ -87,6 +87,29 @@ if HAS_CUSTOM_OPS:
         tuple(f"{s.name}_dst" for s in SLOTS) + ("errors",))
 
 
+_BELOW = getattr(torch._C, "_AutoDispatchBelowADInplaceOrView", None)
+_BUMP = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+
+def _call(op, mutated, *args) -> None:
+    """``op(*args)``. Outside torch.compile, where no argument requires grad, the call starts below the
+    Autograd and ADInplaceOrView keys, and ``mutated``'s version counters are bumped here, as the latter's
+    kernel would bump them (its only work for these ops): the same effect, without torch's per-argument
+    Python wrappers (tens of µs a call). Dispatch modes, tensor subclasses and the op's kernels see the call
+    as before."""
+    if (_BELOW is None or _BUMP is None or _COMPILING()
+            or (torch.is_grad_enabled() and any(type(a) is not torch.Tensor or a.requires_grad
+                                                for a in args if isinstance(a, torch.Tensor)))):
+        op(*args)
+        return
+    for t in mutated:
+        if not t.is_inference():
+            _BUMP(t)
+    with _BELOW():
+        op(*args)
+
+
 def _need_ops() -> None:
     if not HAS_CUSTOM_OPS:
         raise RuntimeError("slabstage custom ops need torch >= 2.4 (torch.library.custom_op)")
@@ -111,8 +134,8 @@ def stage_embeddings_op(slab, input_ids, table, *, media=None, media_index=None,
         check_real("text_scale", text_scale)
     check_bool("media_owner", media_owner)
     start, end, size = vocab_bounds(vocab_range, vocab_size, table.shape[0])
-    torch.ops.slabstage.stage_embeddings(slab, input_ids, table, media, media_index, errors, pad_to, expand,
-                                         text_scale, start, end, size, media_owner)
+    _call(torch.ops.slabstage.stage_embeddings, (slab, errors), slab, input_ids, table, media, media_index, errors,
+          pad_to, expand, text_scale, start, end, size, media_owner)
     return slab
 
 
@@ -132,6 +155,6 @@ def stage_token_inputs_op(buffers: StagingBuffers, *, pad_to: int, **sources) ->
     for name, t in sources.items():
         if t is not None:
             check_tensor(name, t)
-    torch.ops.slabstage.stage_token_inputs(
-        *dsts, buffers.errors, *(sources.get(s.name) for s in SOURCE_SLOTS), pad_to,
-        [int(f or 0) for f in fills], [f is not None for f in fills])
+    _call(torch.ops.slabstage.stage_token_inputs, [t for t in dsts if t is not None] + [buffers.errors],
+          *dsts, buffers.errors, *(sources.get(s.name) for s in SOURCE_SLOTS), pad_to,
+          [int(f or 0) for f in fills], [f is not None for f in fills])

@@ -52,13 +52,12 @@ def _drop(key) -> None:
             f.detach()
 
 
-def _keep(key, stager: Stager, tensors) -> _Entry:
-    """Cache ``stager`` under ``key``, dropped when any of ``tensors``' base tensors is collected."""
+def _keep(key, stager: Stager, owners) -> _Entry:
+    """Cache ``stager`` under ``key``, dropped when any of ``owners`` (tensors or storages) is collected."""
     stager.dst = None  # (each call hands it its destinations: it keeps none)
     entry = _Entry(stager)
     seen = set()
-    for t in tensors:
-        base = _base(t)
+    for base in owners:
         if id(base) not in seen:
             seen.add(id(base))
             entry.finalizers.append(weakref.finalize(base, _drop, key))
@@ -90,8 +89,8 @@ def slab_stager(slab, errors) -> tuple[Destinations, Stager]:
     if not (isinstance(slab, torch.Tensor) and isinstance(errors, torch.Tensor) and slab.dim() == 2):
         Destinations(slab=slab, errors=errors, host_ok=False)  # (raises, naming the argument)
         raise TypeError(f"slab must be a 2-D tensor, got {type(slab).__name__}")  # pragma: no cover
-    base = _base(slab)
-    key = ("slab", id(base), base.data_ptr(), slab.device, slab.dtype, slab.shape[1])
+    storage = slab.untyped_storage()  # (views share it, also those made under inference mode: no ``_base``)
+    key = ("slab", id(storage), storage.data_ptr(), slab.device, slab.dtype, slab.shape[1])
     entry = _get(key)
     if entry is not None and entry.errors() is errors and entry.word == slot_signature(errors):
         dst = entry.dst.slab_view(slab, errors)
@@ -99,7 +98,7 @@ def slab_stager(slab, errors) -> tuple[Destinations, Stager]:
             return dst, entry.stager
     dst = Destinations(slab=slab, errors=errors, host_ok=False)
     if entry is None:
-        entry = _keep(key, Stager(dst), (slab,))
+        entry = _keep(key, Stager(dst), (storage,))
     _remember(entry, dst, errors)
     return dst, entry.stager
 
@@ -124,7 +123,7 @@ def slots_destinations(slots, fills, errors) -> tuple[Destinations, Stager]:
     device = next((t.device for t in slots if isinstance(t, torch.Tensor)), None)
     dst = Destinations(slots=slots, fills=fills, errors=errors, host_ok=True, device=device)
     if entry is None:
-        entry = _keep(key, Stager(dst), [t for t in dst.slots if t is not None] + [errors])
+        entry = _keep(key, Stager(dst), [_base(t) for t in dst.slots if t is not None] + [_base(errors)])
     _remember(entry, dst, errors)
     return dst, entry.stager
 
