@@ -1,12 +1,13 @@
 """The stagers of the standalone ops: a few, each owned by the destinations it writes, none shared.
 
-``stage_embeddings(slab, ...)`` keeps one stager per slab *base* tensor, dtype and width: views of one slab
-(``base[:n]``, the usual way an engine stages) share it, and its blocks name no destination (the slab is a
-launch argument). ``torch.ops.slabstage.stage_token_inputs`` keeps one per exact set of destination tensors
-(their blocks name every destination's address). The cache holds at most :data:`MAX_STAGERS` and no
-reference to any tensor it serves: a finalizer on each destination's base tensor drops its entries when
-that tensor is collected, and a dropped stager frees its pinned ring and device block once the device work
-it queued has finished (:mod:`slabstage.kernels.launch`).
+``stage_embeddings(slab, ...)`` keeps one stager per slab *storage*, dtype and width: views of one slab
+(``base[:n]``, the usual way an engine stages, also views made under inference mode, which have no
+``_base``) share it, and its blocks name no destination (the slab is a launch argument).
+``torch.ops.slabstage.stage_token_inputs`` keeps one per exact set of destination tensors (their blocks name
+every destination's address). The cache holds at most :data:`MAX_STAGERS` and no reference to any tensor it
+serves: a finalizer on each slab's storage (each token destination's base tensor) drops its entries when
+that is collected, and a dropped stager frees its pinned ring and device block once the device work it
+queued has finished (:mod:`slabstage.kernels.launch`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _get(key):
 
 def slab_stager(slab, errors) -> tuple[Destinations, Stager]:
     """The checked destinations of a ``stage_embeddings`` call into ``slab`` (reporting into ``errors``) and
-    the stager of ``slab``'s base tensor, dtype and width. Raises as :class:`Destinations` does. A view of a
+    the stager of ``slab``'s storage, dtype and width. Raises as :class:`Destinations` does. A view of a
     slab already checked with the same error word is checked from its address and rows alone."""
     if not (isinstance(slab, torch.Tensor) and isinstance(errors, torch.Tensor) and slab.dim() == 2):
         Destinations(slab=slab, errors=errors, host_ok=False)  # (raises, naming the argument)
