@@ -31,14 +31,13 @@ _LOCK = threading.Lock()
 
 
 class _Entry:
-    """A cached stager, the finalizers that drop it, and its destinations as last checked without their
-    tensors (``dst``), with the error word they were checked with (a weak reference and its signature)."""
+    """A cached stager, the finalizers that drop it, and ``checked``: its destinations as last checked, without
+    their tensors, with the error word they were checked with (a weak reference and its signature)."""
 
-    __slots__ = ("stager", "finalizers", "dst", "errors", "word")
+    __slots__ = ("stager", "finalizers", "checked")
 
     def __init__(self, stager: Stager) -> None:
-        self.stager, self.finalizers = stager, []
-        self.dst = self.errors = self.word = None
+        self.stager, self.finalizers, self.checked = stager, [], (None, lambda: None, None)
 
 
 def _base(t: torch.Tensor) -> torch.Tensor:
@@ -93,10 +92,12 @@ def slab_stager(slab, errors) -> tuple[Destinations, Stager]:
     storage = slab.untyped_storage()  # (views share it, also those made under inference mode: no ``_base``)
     key = ("slab", id(storage), storage.data_ptr(), slab.device, slab.dtype, slab.shape[1])
     entry = _get(key)
-    if entry is not None and entry.errors() is errors and entry.word == slot_signature(errors):
-        dst = entry.dst.slab_view(slab, errors)
-        if dst is not None:
-            return dst, entry.stager
+    if entry is not None:
+        checked, ref, word = entry.checked  # (one read: another thread may replace it meanwhile)
+        if ref() is errors and word == slot_signature(errors):
+            dst = checked.slab_view(slab, errors)
+            if dst is not None:
+                return dst, entry.stager
     dst = Destinations(slab=slab, errors=errors, host_ok=False)
     if entry is None:
         entry = _keep(key, Stager(dst), (storage,))
@@ -105,8 +106,8 @@ def slab_stager(slab, errors) -> tuple[Destinations, Stager]:
 
 
 def _remember(entry: _Entry, dst: Destinations, errors) -> None:
-    entry.dst = dst.holding(None, (None,) * len(dst.slots), None)  # (the checks' results, no tensor)
-    entry.errors, entry.word = weakref.ref(errors), slot_signature(errors)
+    entry.checked = (dst.holding(None, (None,) * len(dst.slots), None),  # (the checks' results, no tensor)
+                     weakref.ref(errors), slot_signature(errors))
 
 
 def slots_destinations(slots, fills, errors) -> tuple[Destinations, Stager]:
@@ -119,8 +120,10 @@ def slots_destinations(slots, fills, errors) -> tuple[Destinations, Stager]:
     except (AttributeError, RuntimeError, TypeError):  # (not plain tensors: the checks say what is wrong)
         key = None
     entry = None if key is None else _get(key)
-    if entry is not None and entry.errors() is errors:
-        return entry.dst.holding(None, tuple(slots), errors), entry.stager
+    if entry is not None:
+        checked, ref, _ = entry.checked
+        if ref() is errors:
+            return checked.holding(None, tuple(slots), errors), entry.stager
     device = next((t.device for t in slots if isinstance(t, torch.Tensor)), None)
     dst = Destinations(slots=slots, fills=fills, errors=errors, host_ok=True, device=device)
     if entry is None:
