@@ -23,7 +23,7 @@ belongs to one device and stages only into slabs on it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
 import torch
@@ -157,6 +157,21 @@ class EncoderCache:
         self.lru[self.tiers[slot]].move_to_end(slot)
         return _new(Entry, (self, slot, self.gens[slot], 0, n))
 
+    def get_many(self, keys, rows=None) -> list:
+        """:meth:`get` of each key in ``keys`` (``rows``: None, or the rows each one expects), in one call: the
+        handles (None for a miss)."""
+        if rows is not None and len(rows) != len(keys):
+            raise ValueError(f"get_many: {len(keys)} keys but {len(rows)} row counts")
+        slots = list(map(self._slot_of.get, keys)) if set(map(type, keys)) <= _KEY_TYPES else [None]
+        ns = None if None in slots else list(map(self.lens.__getitem__, slots))
+        if ns is None or (rows is not None and ns != list(rows)):  # a miss, a wrong count or key: one by one
+            return [self.get(k, None if rows is None else rows[i]) for i, k in enumerate(keys)]
+        tiers, lru = self.tiers, self.lru
+        for slot in slots:
+            lru[tiers[slot]].move_to_end(slot)
+        return list(map(_new, repeat(Entry), zip(repeat(self), slots, map(self.gens.__getitem__, slots), repeat(0),
+                                                   ns)))
+
     def __contains__(self, key) -> bool:
         return key in self._slot_of
 
@@ -261,8 +276,8 @@ class EncoderCache:
     def _demote(self, slot: int) -> None:
         """Move a device entry to the host tier (a queued copy), keeping its key and generation."""
         rows = self.lens[slot]
-        del self.lru[DEVICE][slot]
         at = self._room(HOST, rows)
+        del self.lru[DEVICE][slot]
         src = self._view(slot)
         self.arenas[HOST][at:at + rows].copy_(src, non_blocking=True)
         events = self.reads.take(slot)

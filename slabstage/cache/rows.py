@@ -26,6 +26,13 @@ class Rows:
 
     def take(self, n: int) -> int | None:
         """The first row of a run of ``n`` rows nobody reads any more, or None."""
+        at = self._take(n)
+        if at is None and any(run[2] for run in self.free):  # readers done since: their runs merge
+            self._tidy()
+            at = self._take(n)
+        return at
+
+    def _take(self, n: int) -> int | None:
         for i, run in enumerate(self.free):
             start, length, events = run
             if length < n or not done(events):
@@ -46,6 +53,10 @@ class Rows:
         if not n:
             return
         insort(self.free, [start, n, [e for e in events if not e.query()]])
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Forget readers that are done; merge adjacent runs nobody reads."""
         merged = []
         for run in self.free:
             if run[2] and done(run[2]):

@@ -4,7 +4,7 @@ before its reader completes, nothing is read through a handle after its entry we
 from __future__ import annotations
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slabstage.cache import EncoderCache, StaleEntryError
@@ -35,8 +35,10 @@ ops = st.lists(st.one_of(
 ), max_size=40)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, device_rows=st.integers(7, 20), host_rows=st.sampled_from([0, 6, 15]))
+@example(ops=[("put", 0, 1, 1), ("stage", [0]), ("put", 0, 7, 1)], device_rows=7, host_rows=0)  # (freed runs
+# whose readers are done merge before a larger entry is refused as fragmented)
 def test_sequences(ops, device_rows, host_rows):
     cache = EncoderCache(W, torch.float32, "cpu", device_budget_bytes=device_rows * 4 * W,
                          host_budget_bytes=host_rows * 4 * W)

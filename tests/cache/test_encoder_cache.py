@@ -139,6 +139,13 @@ def test_keys_and_rows_checked():
         cache.put("blocks", (torch.ones(2, 4), torch.ones(3, 4)))
     with pytest.raises(ValueError, match=r"Entry.part"):
         cache.get(long + b"a").part(1, 3)
+    cache.put(7, torch.ones(3, 8))
+    assert cache.get_many([long + b"a", 7], [2, 3]) == [cache.get(long + b"a"), cache.get(7)]
+    assert cache.get_many([7, "missing"]) == [cache.get(7), None]
+    with pytest.raises(ValueError, match="holds 3 rows but 4 were expected"):
+        cache.get_many([long + b"a", 7], [2, 4])
+    with pytest.raises(TypeError, match="key must be"):
+        cache.get_many([7, 2.0])
 
 
 def test_media_mixing_and_other_cache_refused():

@@ -40,6 +40,9 @@ def setup(family, device="cpu", dtype=torch.float32, capacity=160, buckets=None,
 
 def hf_run(model, ids, **media):
     """``(last hidden [L, H], [(K [L, kv, d], V) per layer])`` of HF's base model for one prompt."""
+    dev = model.device  # (HF's forward takes its inputs on the model's device)
+    ids = ids.to(dev)
+    media = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in media.items()}
     kw = dict(input_ids=ids[None], attention_mask=torch.ones_like(ids)[None], use_cache=True, **media)
     if media:
         kw["mm_token_type_ids"] = sshf.mm_token_type_ids(model, ids[None])
