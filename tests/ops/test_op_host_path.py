@@ -143,3 +143,29 @@ def test_custom_op_destinations_checked_again_when_a_slot_changes(path):
     assert torch.equal(buf.input_ids, before)
     stage_token_inputs_op(buf, input_ids=ids[:9], positions=torch.arange(9), pad_to=12)
     assert torch.equal(buf.input_ids[:9], ids[:9]) and torch.equal(buf.positions[:9], torch.arange(9))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_inference_mode_views_one_stager_then_freed():
+    """On the GPU, under inference mode: 50 views ``base[:n]`` of one slab each get exactly their rows through
+    one stager (checked from their address), and the stager is freed with the slab."""
+    op_stagers.clear()
+    gc.collect()
+    live0 = launch.live_stagers()
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        base = torch.full((80, W), float("nan"), dtype=torch.bfloat16, device=dev)
+        table = torch.randn(V, W, generator=g).to(dev, torch.bfloat16)
+        errors = new_error_word(dev)
+        for n in range(1, 51):
+            ids = torch.randint(0, V, (n,), generator=g).to(dev)
+            stage_embeddings(base[:n + 3], ids, table, pad_to=n + 1, errors=errors)
+            torch.cuda.synchronize()
+            assert torch.equal(base[:n + 1].cpu(), _expected(ids.cpu(), table.cpu(), n + 1)), n
+            assert base[n + 1:].isnan().all(), n
+        assert op_stagers.cached_stagers() == 1 and int(errors[0]) == 0
+        del base
+    gc.collect()
+    torch.cuda.synchronize()
+    assert op_stagers.cached_stagers() == 0 and launch.live_stagers() == live0
