@@ -14,11 +14,13 @@ What an op call does, on CUDA: check the batch, write its parameter block into a
 pinned ring slot, queue one host-to-device copy of the block and one kernel launch
 on the current stream; no host sync, no graph captured behind the caller's back.
 The ring and device block belong to the destinations (:mod:`slabstage.kernels.op_stagers`:
-one set per slab base tensor, or per exact set of token-input tensors, at most 16
+one set per slab storage, or per exact set of token-input tensors, at most 16
 kept, none holding a reference to a tensor), so two buffers, two slabs or two
 streams never share one. Inside a graph the caller captures, each call gets a
 device block of its own, which the graph's replays copy and read; it is kept for
-the life of the process.
+the life of the process. The Python wrappers skip torch's autograd and
+version-counter wrappers where they have nothing to do (outside ``torch.compile``, no
+argument requiring grad) and bump the written tensors' versions themselves.
 """
 
 from __future__ import annotations
@@ -31,9 +33,8 @@ import torch
 from .checks import check_bool, check_choice, check_int, check_not_meta, check_real, check_tensor
 from .kernels.errors import check_error_word, default_error_word
 from .kernels.launch import Inputs
-from .kernels.op_stagers import slots_stager
+from .kernels.op_stagers import slots_destinations
 from .kernels.stage_embeddings import stage_embeddings
-from .kernels.destinations import Destinations
 from .checks import vocab_bounds
 from .staging.buffers import StagingBuffers
 from .staging.slots import SLOTS, SOURCE_SLOTS
@@ -60,6 +61,7 @@ def _op(qualname: str, fn, params: list, mutates: tuple):
 
 
 _T, _OT = torch.Tensor, Optional[torch.Tensor]
+_SOURCE_NAMES = tuple(s.name for s in SOURCE_SLOTS)
 
 if HAS_CUSTOM_OPS:
     def _embeddings(slab, input_ids, table, media, media_index, errors, pad_to, expand, text_scale, vocab_start,
@@ -78,15 +80,36 @@ if HAS_CUSTOM_OPS:
         dsts, errors = args[:k], args[k]
         sources = args[k + 1:k + 1 + len(SOURCE_SLOTS)]
         pad_to, fills, pads = args[k + 1 + len(SOURCE_SLOTS):]
-        device = next(t.device for t in dsts if t is not None)
-        dst = Destinations(slots=dsts, fills=[f if p else None for f, p in zip(fills, pads)], errors=errors,
-                           host_ok=True, device=device)
-        slots_stager(dst).stage_into(dst, Inputs(**dict(zip((s.name for s in SOURCE_SLOTS), sources))), pad_to)
+        dst, stager = slots_destinations(dsts, [f if p else None for f, p in zip(fills, pads)], errors)
+        stager.stage_into(dst, Inputs(**dict(zip(_SOURCE_NAMES, sources))), pad_to)
 
     _op("slabstage::stage_token_inputs", _token_inputs,
         [(f"{s.name}_dst", _OT) for s in SLOTS] + [("errors", _T)] + [(s.name, _OT) for s in SOURCE_SLOTS]
         + [("pad_to", int), ("fills", List[int]), ("pads", List[bool])],
         tuple(f"{s.name}_dst" for s in SLOTS) + ("errors",))
+
+
+_BELOW = getattr(torch._C, "_AutoDispatchBelowADInplaceOrView", None)
+_BUMP = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+
+def _call(op, mutated, *args) -> None:
+    """``op(*args)``. Outside torch.compile, where no argument requires grad, the call starts below the
+    Autograd and ADInplaceOrView keys, and ``mutated``'s version counters are bumped here, as the latter's
+    kernel would bump them (its only work for these ops): the same effect, without torch's per-argument
+    Python wrappers (tens of µs a call). Dispatch modes, tensor subclasses and the op's kernels see the call
+    as before."""
+    if (_BELOW is None or _BUMP is None or _COMPILING()
+            or (torch.is_grad_enabled() and any(type(a) is not torch.Tensor or a.requires_grad
+                                                for a in args if isinstance(a, torch.Tensor)))):
+        op(*args)
+        return
+    for t in mutated:
+        if not t.is_inference():
+            _BUMP(t)
+    with _BELOW():
+        op(*args)
 
 
 def _need_ops() -> None:
@@ -113,8 +136,8 @@ def stage_embeddings_op(slab, input_ids, table, *, media=None, media_index=None,
         check_real("text_scale", text_scale)
     check_bool("media_owner", media_owner)
     start, end, size = vocab_bounds(vocab_range, vocab_size, table.shape[0])
-    torch.ops.slabstage.stage_embeddings(slab, input_ids, table, media, media_index, errors, pad_to, expand,
-                                         text_scale, start, end, size, media_owner)
+    _call(torch.ops.slabstage.stage_embeddings, (slab, errors), slab, input_ids, table, media, media_index, errors,
+          pad_to, expand, text_scale, start, end, size, media_owner)
     return slab
 
 
@@ -134,6 +157,6 @@ def stage_token_inputs_op(buffers: StagingBuffers, *, pad_to: int, **sources) ->
     for name, t in sources.items():
         if t is not None:
             check_tensor(name, t)
-    torch.ops.slabstage.stage_token_inputs(
-        *dsts, buffers.errors, *(sources.get(s.name) for s in SOURCE_SLOTS), pad_to,
-        [int(f or 0) for f in fills], [f is not None for f in fills])
+    _call(torch.ops.slabstage.stage_token_inputs, [t for t in dsts if t is not None] + [buffers.errors],
+          *dsts, buffers.errors, *(sources.get(s.name) for s in SOURCE_SLOTS), pad_to,
+          [int(f or 0) for f in fills], [f is not None for f in fills])

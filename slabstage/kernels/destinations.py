@@ -73,13 +73,47 @@ class Destinations:
             for b, u in named[k + 1:]:
                 if _touch(t, u):
                     raise ValueError(overlap_message(b, a))
-        spans = sorted((*byte_span(t), name) for name, t in named if t.numel())  # apart from each other
-        self._starts, self._ends, self._names = [s[0] for s in spans], [s[1] for s in spans], [s[2] for s in spans]
-        self.lo = spans[0][0] if spans else 0
-        self.hi = spans[-1][1] if spans else 0
+        self._spans([(*byte_span(t), name) for name, t in named if t.numel()])
         self.host = host_ok and device.type == "cuda"  # host integer inputs travel in the parameter block
         # per SOURCE_SLOTS row: the bits of the slot's dtype (0: the stager writes no such slot)
         self.bits = tuple(INT_BITS[t.dtype] if t is not None else 0 for t in self.slots[:len(SOURCE_SLOTS)])
+
+    def _spans(self, spans: list) -> None:
+        """Keep the destinations' ``(start, end, name)`` byte spans (non-empty, apart from each other)."""
+        spans.sort()
+        self._starts, self._ends, self._names = [s[0] for s in spans], [s[1] for s in spans], [s[2] for s in spans]
+        self.lo = spans[0][0] if spans else 0
+        self.hi = spans[-1][1] if spans else 0
+
+    def holding(self, slab, slots, errors) -> "Destinations":
+        """A copy of these checked destinations holding the given tensors (which have the checked ones'
+        addresses, shapes, strides, dtypes and devices: the checks' results are theirs)."""
+        out = object.__new__(Destinations)
+        out.__dict__.update(self.__dict__)
+        out.slab, out.slots, out.errors = slab, slots, errors
+        return out
+
+    def slab_view(self, slab: torch.Tensor, errors: torch.Tensor) -> "Destinations | None":
+        """These checked destinations of a slab alone (their tensors dropped or not), for ``slab``: a tensor of
+        the checked slab's dtype, width and device, and ``errors``: the checked error word (same address,
+        shape, strides, dtype and device). The checks' results come from ``slab``'s address and rows; None
+        where only the full checks can tell (a slab not a plain row-contiguous 2-D tensor, or one that
+        overlaps the error word)."""
+        if type(slab) is not torch.Tensor or slab.layout is not torch.strided or slab.is_nested:
+            return None
+        rows, width = slab.shape
+        if slab.stride() != (width, 1):
+            return None
+        start = slab.data_ptr()
+        end = start + rows * width * slab.element_size()
+        word = self._names.index("the error word")
+        e0, e1 = self._starts[word], self._ends[word]
+        if rows and start < e1 and e0 < end:
+            return None
+        out = self.holding(slab, self.slots, errors)
+        out._spans([(start, end, "the slab"), (e0, e1, "the error word")] if rows else [(e0, e1, "the error word")])
+        out.capacity = rows
+        return out
 
     def _hit(self, start: int, end: int) -> str | None:
         """The name of a destination that bytes ``[start, end)`` (a source's) overlap, or None."""

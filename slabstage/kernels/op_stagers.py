@@ -1,12 +1,13 @@
 """The stagers of the standalone ops: a few, each owned by the destinations it writes, none shared.
 
-``stage_embeddings(slab, ...)`` keeps one stager per slab *base* tensor, dtype and width: views of one slab
-(``base[:n]``, the usual way an engine stages) share it, and its blocks name no destination (the slab is a
-launch argument). ``torch.ops.slabstage.stage_token_inputs`` keeps one per exact set of destination tensors
-(their blocks name every destination's address). The cache holds at most :data:`MAX_STAGERS` and no
-reference to any tensor it serves: a finalizer on each destination's base tensor drops its entries when
-that tensor is collected, and a dropped stager frees its pinned ring and device block once the device work
-it queued has finished (:mod:`slabstage.kernels.launch`).
+``stage_embeddings(slab, ...)`` keeps one stager per slab *storage*, dtype and width: views of one slab
+(``base[:n]``, the usual way an engine stages, also views made under inference mode, which have no
+``_base``) share it, and its blocks name no destination (the slab is a launch argument).
+``torch.ops.slabstage.stage_token_inputs`` keeps one per exact set of destination tensors (their blocks name
+every destination's address). The cache holds at most :data:`MAX_STAGERS` and no reference to any tensor it
+serves: a finalizer on each slab's storage (each token destination's base tensor) drops its entries when
+that is collected, and a dropped stager frees its pinned ring and device block once the device work it
+queued has finished (:mod:`slabstage.kernels.launch`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..staging.registry import slot_signature
 from .destinations import Destinations
 from .launch import Stager
 
-__all__ = ["slab_stager", "slots_stager", "MAX_STAGERS", "cached_stagers", "clear"]
+__all__ = ["slab_stager", "slots_destinations", "slots_stager", "MAX_STAGERS", "cached_stagers", "clear"]
 
 MAX_STAGERS = 16  # stagers kept for the ops' destinations (an engine stages into a few)
 
@@ -30,14 +31,13 @@ _LOCK = threading.Lock()
 
 
 class _Entry:
-    """A cached stager, the finalizers that drop it, and (for a slab) the last call's checked destinations
-    without their tensors, reused while the call's slab and error word are the same objects."""
+    """A cached stager, the finalizers that drop it, and ``checked``: its destinations as last checked, without
+    their tensors, with the error word they were checked with (a weak reference and its signature)."""
 
-    __slots__ = ("stager", "finalizers", "slab", "errors", "layout", "dst")
+    __slots__ = ("stager", "finalizers", "checked")
 
     def __init__(self, stager: Stager) -> None:
-        self.stager, self.finalizers = stager, []
-        self.slab = self.errors = self.layout = self.dst = None
+        self.stager, self.finalizers, self.checked = stager, [], (None, lambda: None, None)
 
 
 def _base(t: torch.Tensor) -> torch.Tensor:
@@ -52,13 +52,12 @@ def _drop(key) -> None:
             f.detach()
 
 
-def _keep(key, stager: Stager, tensors) -> _Entry:
-    """Cache ``stager`` under ``key``, dropped when any of ``tensors``' base tensors is collected."""
+def _keep(key, stager: Stager, owners) -> _Entry:
+    """Cache ``stager`` under ``key``, dropped when any of ``owners`` (tensors or storages) is collected."""
     stager.dst = None  # (each call hands it its destinations: it keeps none)
     entry = _Entry(stager)
     seen = set()
-    for t in tensors:
-        base = _base(t)
+    for base in owners:
         if id(base) not in seen:
             seen.add(id(base))
             entry.finalizers.append(weakref.finalize(base, _drop, key))
@@ -85,41 +84,57 @@ def _get(key):
 
 def slab_stager(slab, errors) -> tuple[Destinations, Stager]:
     """The checked destinations of a ``stage_embeddings`` call into ``slab`` (reporting into ``errors``) and
-    the stager of ``slab``'s base tensor, dtype and width. Raises as :class:`Destinations` does."""
+    the stager of ``slab``'s storage, dtype and width. Raises as :class:`Destinations` does. A view of a
+    slab already checked with the same error word is checked from its address and rows alone."""
     if not (isinstance(slab, torch.Tensor) and isinstance(errors, torch.Tensor) and slab.dim() == 2):
         Destinations(slab=slab, errors=errors, host_ok=False)  # (raises, naming the argument)
         raise TypeError(f"slab must be a 2-D tensor, got {type(slab).__name__}")  # pragma: no cover
-    base = _base(slab)
-    key = ("slab", id(base), base.data_ptr(), slab.device, slab.dtype, slab.shape[1])
+    storage = slab.untyped_storage()  # (views share it, also those made under inference mode: no ``_base``)
+    key = ("slab", id(storage), storage.data_ptr(), slab.device, slab.dtype, slab.shape[1])
     entry = _get(key)
-    layout = slot_signature(slab), slot_signature(errors)
-    if entry is not None and entry.layout == layout and entry.slab() is slab and entry.errors() is errors:
-        return _with(entry.dst, slab, errors), entry.stager
+    if entry is not None:
+        checked, ref, word = entry.checked  # (one read: another thread may replace it meanwhile)
+        if ref() is errors and word == slot_signature(errors):
+            dst = checked.slab_view(slab, errors)
+            if dst is not None:
+                return dst, entry.stager
     dst = Destinations(slab=slab, errors=errors, host_ok=False)
     if entry is None:
-        entry = _keep(key, Stager(dst), (slab,))
-    entry.slab, entry.errors, entry.layout = weakref.ref(slab), weakref.ref(errors), layout
-    entry.dst = _with(dst, None, None)  # (the checks' results, no tensor: reused while slab and errors are)
+        entry = _keep(key, Stager(dst), (storage,))
+    _remember(entry, dst, errors)
     return dst, entry.stager
 
 
-def _with(dst: Destinations, slab, errors) -> Destinations:
-    """A shallow copy of ``dst`` holding ``slab`` and ``errors``."""
-    out = object.__new__(Destinations)
-    out.__dict__.update(dst.__dict__)
-    out.slab, out.errors = slab, errors
-    return out
+def _remember(entry: _Entry, dst: Destinations, errors) -> None:
+    entry.checked = (dst.holding(None, (None,) * len(dst.slots), None),  # (the checks' results, no tensor)
+                     weakref.ref(errors), slot_signature(errors))
+
+
+def slots_destinations(slots, fills, errors) -> tuple[Destinations, Stager]:
+    """The checked destinations of a custom op's call into integer ``slots`` (one tensor or None per row of
+    :data:`~slabstage.staging.slots.SLOTS`) with ``fills``, reporting into ``errors``, and the stager of exactly
+    those tensors. Raises as :class:`Destinations` does. Tensors already checked are not checked again."""
+    try:
+        key = ("slots", tuple(fills), *(None if t is None else (id(t), *slot_signature(t)) for t in slots),
+               id(errors), slot_signature(errors))
+    except (AttributeError, RuntimeError, TypeError):  # (not plain tensors: the checks say what is wrong)
+        key = None
+    entry = None if key is None else _get(key)
+    if entry is not None:
+        checked, ref, _ = entry.checked
+        if ref() is errors:
+            return checked.holding(None, tuple(slots), errors), entry.stager
+    device = next((t.device for t in slots if isinstance(t, torch.Tensor)), None)
+    dst = Destinations(slots=slots, fills=fills, errors=errors, host_ok=True, device=device)
+    if entry is None:
+        entry = _keep(key, Stager(dst), [_base(t) for t in dst.slots if t is not None] + [_base(errors)])
+    _remember(entry, dst, errors)
+    return dst, entry.stager
 
 
 def slots_stager(dst: Destinations) -> Stager:
-    """The stager of exactly ``dst``'s integer slots, fills and error word (a custom op's call)."""
-    key = ("slots", dst.device, dst.batch_cap, dst.fills,
-           *(None if t is None else (id(t), t.data_ptr(), t.dtype, t.shape, t.stride()) for t in dst.slots),
-           id(dst.errors), dst.errors.data_ptr())
-    entry = _get(key)
-    if entry is None:
-        entry = _keep(key, Stager(dst), [t for t in dst.slots if t is not None] + [dst.errors])
-    return entry.stager
+    """The stager of exactly ``dst``'s integer slots, fills and error word."""
+    return slots_destinations(dst.slots, dst.fills, dst.errors)[1]
 
 
 def cached_stagers() -> int:

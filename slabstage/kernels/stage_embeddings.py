@@ -65,7 +65,7 @@ def stage_embeddings(
     ``ValueError`` (``WidthContractError`` for widths). Returns ``slab``. One
     host-to-device copy of the parameter block and one kernel launch on the
     current stream, no host sync unless ``strict``. The pinned ring and device
-    block the launch uses belong to ``slab``'s base tensor (views of one slab share
+    block the launch uses belong to ``slab``'s storage (views of one slab share
     them; at most 16 such sets are kept, each freed with its slab once its queued
     work has finished).
     """
