@@ -1,9 +1,14 @@
-"""Which queued device work reads which cache entries: one event per staging launch or replay.
+"""Which queued device work reads which cache entries, at no CUDA call per launch.
 
-:meth:`Reads.note` is called by the stager right after it queues a launch (or a replay) that reads entries:
-it records one event on the current stream and files it under each entry read. An entry is evicted or
+:meth:`Reads.note` is called by the stager right after it queues a launch (or a replay) that reads entries.
+It files under each entry read the stream's *mark*: one small object per stream, shared by every launch
+noted on that stream since the mark was last turned into an event. Only when an entry's rows are freed or
+rewritten (:meth:`Reads.take`: an eviction, an overwrite, a demotion) does its mark record a CUDA event on
+its stream; that event follows every launch filed under the mark (work on one stream completes in order),
+so it covers them, and later launches get a new mark. The staging hot path thus costs the host a dict
+lookup and one assignment per entry; an eviction costs one event record. The entry is evicted or
 overwritten only after its events complete (its rows go back to the free list with them). On the CPU every
-launch has finished when it returns: nothing is recorded.
+launch has finished when it returns: nothing is filed.
 """
 
 from __future__ import annotations
@@ -13,46 +18,72 @@ import torch
 __all__ = ["Reads"]
 
 
+class _Mark:
+    """Launches queued on one stream since the mark was made; :meth:`event` records the event that follows
+    them all (once: later launches are filed under a new mark)."""
+
+    __slots__ = ("stream", "recorded")
+
+    def __init__(self, stream) -> None:
+        self.stream, self.recorded = stream, None
+
+    def event(self) -> torch.cuda.Event:
+        if self.recorded is None:
+            self.recorded = torch.cuda.Event()
+            self.recorded.record(self.stream)
+        return self.recorded
+
+    def query(self) -> bool:  # (not yet turned into an event: its launches may still be queued)
+        return self.recorded is not None and self.recorded.query()
+
+
 class Reads:
-    """Per entry slot, the events of queued work that reads it (a list per slot; one stream at a time keeps
-    only the last: work on one stream completes in order)."""
+    """Per entry slot, what queued work reads it (a list per slot; one stream at a time keeps only the last:
+    work on one stream completes in order)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
-        self.events: list = []  # per slot: events of work still queued that may read it
-        self._stream = None  # the one stream every event so far was recorded on (None: none yet, or several)
+        self.events: list = []  # per slot: marks or events of work still queued that may read it
+        self._marks: dict = {}  # raw stream handle -> its mark not yet turned into an event
+        self._stream = None  # the raw handle of the one stream every launch so far was noted on
         self._mixed = False
 
     def grow(self, slots: int) -> None:
         self.events.extend([] for _ in range(slots - len(self.events)))
 
-    def note(self, slots, event=None) -> None:
-        """Queued work on the current stream reads entry ``slots``: an event is recorded there (or ``event``,
-        anything with ``query()`` and ``synchronize()``, stands for that work)."""
+    def note(self, slots, event=None, stream=None) -> None:
+        """Queued work reads entry ``slots``: on CUDA, work just queued on ``stream`` (``(raw handle,
+        torch.cuda.Stream)``; None: the current stream); or ``event``, anything with ``query()`` and
+        ``synchronize()``, stands for that work."""
         if event is None:
             if not self.cuda:
                 return
-            stream = torch.cuda.current_stream(self.device)
-            event = torch.cuda.Event()
-            event.record(stream)
+            if stream is None:
+                s = torch.cuda.current_stream(self.device)
+                stream = (s.cuda_stream, s)
+            raw = stream[0]
+            event = self._marks.get(raw)
+            if event is None or event.recorded is not None:
+                event = self._marks[raw] = _Mark(stream[1])
         else:
-            stream = self._stream
+            raw = None
         if self._stream is None and not self._mixed:
-            self._stream = stream
-        elif self._stream != stream:
+            self._stream = raw
+        elif self._stream != raw:
             self._mixed, self._stream = True, None
         events = self.events
-        if self._mixed:  # several streams: keep every event not yet done
+        if self._mixed:  # several streams: keep every reader not yet done
             for s in slots:
-                kept = [e for e in events[s] if not e.query()]
+                kept = [e for e in events[s] if e is not event and not e.query()]
                 kept.append(event)
                 events[s] = kept
-        else:  # one stream: the last event covers every earlier one
+        else:  # one stream: the last reader covers every earlier one
+            one = [event]
             for s in slots:
-                events[s] = [event]
+                events[s] = one  # (shared: a slot's list is replaced, never changed in place)
 
     def take(self, slot: int) -> list:
         """The events of ``slot``'s readers (the slot is being freed or rewritten): they travel with its rows."""
         events, self.events[slot] = self.events[slot], []
-        return events
+        return [e.event() if type(e) is _Mark else e for e in events]

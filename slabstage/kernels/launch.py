@@ -188,7 +188,7 @@ class Stager(BlockWriter):
         """The launch or replay just queued reads the prepared batch's cache entries: tell their cache."""
         reads, self._reads = self._reads, None
         if reads is not None:
-            reads[0].reads.note(reads[1])
+            reads[0].reads.note(reads[1], stream=self._where)  # (the stream _order just found: no CUDA call)
 
     def launch(self, c: Checked, pad_to: int) -> None:
         """Move the prepared block into the device block and queue the kernel for ``pad_to`` rows; on the
