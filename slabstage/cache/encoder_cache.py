@@ -22,8 +22,8 @@ belongs to one device and stages only into slabs on it.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from itertools import accumulate, repeat
+from collections import OrderedDict, deque
+from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -103,6 +103,7 @@ class EncoderCache:
         self.ats: list = []  # per slot: its first row in its tier's arena
         self.lens: list = []  # per slot: its rows
         self.addrs: list = []  # per slot: the address of its first row
+        self.handles: list = []  # per slot: the handle of its whole entry (made once a generation: a hit is a lookup)
         self._spare: list = []  # free slots
         self.vec = not (self.row_bytes & 15 or self.bases[0] & 15 or (self.host.numel() and self.bases[1] & 15))
 
@@ -155,7 +156,7 @@ class EncoderCache:
             raise ValueError(f"the cache entry of key {key!r} holds {n} rows but {rows} were expected: "
                              f"the item's placeholders and its encoder output disagree")
         self.lru[self.tiers[slot]].move_to_end(slot)
-        return _new(Entry, (self, slot, self.gens[slot], 0, n))
+        return self.handles[slot]
 
     def get_many(self, keys, rows=None) -> list:
         """:meth:`get` of each key in ``keys`` (``rows``: None, or the rows each one expects), in one call: the
@@ -167,10 +168,12 @@ class EncoderCache:
         if ns is None or (rows is not None and ns != list(rows)):  # a miss, a wrong count or key: one by one
             return [self.get(k, None if rows is None else rows[i]) for i, k in enumerate(keys)]
         tiers, lru = self.tiers, self.lru
-        for slot in slots:
-            lru[tiers[slot]].move_to_end(slot)
-        return list(map(_new, repeat(Entry), zip(repeat(self), slots, map(self.gens.__getitem__, slots), repeat(0),
-                                                   ns)))
+        if lru[HOST]:
+            for slot in slots:
+                lru[tiers[slot]].move_to_end(slot)
+        else:  # (every entry on the device)
+            deque(map(lru[DEVICE].move_to_end, slots), 0)
+        return list(map(self.handles.__getitem__, slots))
 
     def __contains__(self, key) -> bool:
         return key in self._slot_of
@@ -243,7 +246,7 @@ class EncoderCache:
         slot = self._spare.pop() if self._spare else len(self.gens)
         if slot == len(self.gens):
             for col, v in ((self.keys, None), (self.gens, 0), (self.tiers, _FREE), (self.ats, 0), (self.lens, 0),
-                           (self.addrs, 0)):
+                           (self.addrs, 0), (self.handles, None)):
                 col.append(v)
             self.reads.grow(slot + 1)
         self.keys[slot], self.tiers[slot], self.ats[slot], self.lens[slot] = key, DEVICE, at, rows
@@ -251,7 +254,8 @@ class EncoderCache:
         self.gens[slot] += 1
         self._slot_of[key] = slot
         self.lru[DEVICE][slot] = None
-        return Entry(self, slot, self.gens[slot], 0, rows)
+        entry = self.handles[slot] = _new(Entry, (self, slot, self.gens[slot], 0, rows))
+        return entry
 
     def _room(self, tier: int, rows: int) -> int:
         """The first row of ``rows`` free rows of ``tier``, evicting least recently used entries for them."""
@@ -293,6 +297,6 @@ class EncoderCache:
         del self.lru[tier][slot]
         self.free[tier].give(self.ats[slot], self.lens[slot], self.reads.take(slot))
         del self._slot_of[self.keys[slot]]
-        self.keys[slot], self.tiers[slot], self.lens[slot] = None, _FREE, 0
+        self.keys[slot], self.tiers[slot], self.lens[slot], self.handles[slot] = None, _FREE, 0, None
         self.gens[slot] += 1
         self._spare.append(slot)
