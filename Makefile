@@ -47,6 +47,7 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(PY) -m slabstage demo
+	$(PY) -m slabstage demo --model qwen3-vl
 
 # ruff first (configured in pyproject.toml), then the suite, one worker a core (pytest-xdist), a test file to
 # a worker (a tensor-parallel module's ranks are then spawned by the worker that runs it: none waits for them);

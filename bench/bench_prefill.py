@@ -9,7 +9,7 @@ and writes ``DIR/prefill.json``; ``--worker CASE`` prints one case's ``RESULT {j
   HF's forward (``model.model(input_ids=...)``), (b) the dense-mask forward slabstage shipped before the KV
   cache (a copy, :func:`dense_mask_forward`: a ``[T, T]`` boolean mask, SDPA), captured and replayed, and (c)
   the same packed forward without ``cache`` (the KV write's share of the step). Also replay == eager bit for
-  bit, memory (an eager step's peak and the memory a capture reserves for its graph), and capture seconds
+  bit, memory (the step's peak above what was allocated before it, eager), and capture seconds
   (the Triton kernel compiled by an eager step first, so capture time is capture alone).
 - ``chunked_16384``: one 16384-token prompt in four 4096-token chunks (each reading the earlier chunks from
   the cache) against one 16384-token step.
@@ -35,7 +35,7 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUNDS = 10
-MEMORY: list = []  # (eager peak MiB, graph MiB) of each _runner, in order
+MEMORY: list = []  # the eager step peak MiB of each _runner, in order
 CASES = ("packed_16x1024", "packed_4x1024", "chunked_16384")
 
 pytestmark = [pytest.mark.skipif(not HAS_CUDA, reason="prefill benchmarks need a CUDA device"),
@@ -90,8 +90,8 @@ def _peak_mib(fn) -> float:
 
 def _runner(forward, buffers, bucket, batch):
     """A runner of ``forward`` captured at ``bucket`` after one eager step (Triton compiles there):
-    ``(runner, capture seconds)``. ``MEMORY[-1]``: ``(eager step's peak, the graph's memory)`` in MiB, the
-    graph's memory being what capture reserved (its private pool: what a replay uses, as peak memory)."""
+    ``(runner, capture seconds)``; ``MEMORY[-1]``: the eager step's peak MiB above what was allocated before it
+    (what the step's intermediates take, as its graph's pool holds them)."""
     import slabstage as ss
     eager = ss.PrefillGraphRunner(forward, buffers, buckets=[bucket], enforce_eager=True, progress=False)
     with torch.no_grad():
@@ -99,12 +99,11 @@ def _runner(forward, buffers, bucket, batch):
         eager_peak = _peak_mib(lambda: eager.run(batch))
     runner = ss.PrefillGraphRunner(forward, buffers, buckets=[bucket], progress=False)
     torch.cuda.synchronize()
-    reserved = torch.cuda.memory_reserved()
     t0 = time.perf_counter()
     runner.capture()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    MEMORY.append((eager_peak, (torch.cuda.memory_reserved() - reserved) / 2**20))
+    MEMORY.append(eager_peak)
     return runner, seconds
 
 
@@ -136,7 +135,7 @@ def work(case: str) -> dict:
             batch, reqs = _batch(model, cache, [L] * B, g)
             ours, out["capture_s"] = _runner(sshf.prefill_forward(model, cache=cache), buffers, T, batch)
             out["replay_ms"] = _step_ms(ours, batch)
-            out["eager_peak_mib"], out["graph_mib"] = MEMORY[-1]
+            out["peak_mib"] = MEMORY[-1]
             replayed = ours.run(batch, clone=True)
             eager = sshf.prefill_forward(model, cache=cache)(buffers.registry.views(T))
             out["replay_equals_eager"] = bool(torch.equal(replayed, eager))
@@ -146,7 +145,7 @@ def work(case: str) -> dict:
             del nocache
             dense, out["dense_capture_s"] = _runner(dense_mask_forward(model), buffers, T, batch)
             out["dense_ms"] = _step_ms(dense, batch)
-            out["dense_eager_peak_mib"], out["dense_graph_mib"] = MEMORY[-1]
+            out["dense_peak_mib"] = MEMORY[-1]
             del dense
             ids = [r.input_ids.cuda() for r in reqs]
 
@@ -174,7 +173,7 @@ def work(case: str) -> dict:
             whole = sshf.pack_requests(model, [sshf.Request(ids, req_index=0)], cache=cache)
             one, out["capture_s_16384"] = _runner(sshf.prefill_forward(model, cache=cache), big, N, whole)
             out["one_step_ms"] = _step_ms(one, whole)
-            out["one_step_eager_peak_mib"], out["one_step_graph_mib"] = MEMORY[-1]
+            out["one_step_peak_mib"] = MEMORY[-1]
             ref = one.run(whole, clone=True)
             del one
             small = ss.StagingBuffers.allocate(max_num_tokens=C, max_batch_size=1, embed_width=3584,

@@ -56,3 +56,16 @@ def shard_table(table: torch.Tensor, vocab_size: int, rank: int, world: int, *, 
     local = torch.full((rows, table.shape[1]), float("nan"), dtype=table.dtype, device=table.device)
     local[:end - start] = table[start:end]
     return local
+
+
+class Later:
+    """An event of queued work: done once ``done`` is set."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True

@@ -10,20 +10,12 @@ from hypothesis import strategies as st
 from slabstage.cache import EncoderCache, StaleEntryError
 from slabstage.cache.encoder_cache import DEVICE, HOST
 
+from builders import Later  # noqa: I001 - tests/builders.py
+
 W = 4
 
 
-class Reader:
-    """Queued work reading some rows; completes when the test says so."""
-
-    def __init__(self):
-        self.done = False
-
-    def query(self):
-        return self.done
-
-    def synchronize(self):
-        self.done = True
+Reader = Later  # queued work reading some rows; completes when the test says so
 
 
 ops = st.lists(st.one_of(

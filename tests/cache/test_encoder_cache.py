@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from builders import Later  # noqa: I001 - tests/builders.py
 
 from slabstage import PrefillBatch, PrefillGraphRunner, StagingBuffers, new_error_word, stage_embeddings
 from slabstage.cache import EncoderCache, Entry, StaleEntryError
@@ -160,19 +161,6 @@ def test_media_mixing_and_other_cache_refused():
     with pytest.raises(TypeError, match="cache entries or tensors, not both"):
         stage(slab, ids, table, media=[a, randn(g, 2, W)], media_index=index)
     assert slab.isnan().all()
-
-
-class Later:
-    """An event of queued work: done once ``done`` is set."""
-
-    def __init__(self):
-        self.done = False
-
-    def query(self):
-        return self.done
-
-    def synchronize(self):
-        self.done = True
 
 
 def test_rows_freed_with_readers_are_not_reused():

@@ -10,22 +10,9 @@ import torch
 
 from slabstage import StagingBuffers, new_error_word, stage_embeddings
 from slabstage.kernels import launch, op_stagers
-from slabstage.kernels.runtime import INTERPRET
 from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_inputs_op
 
 W, V = 16, 50
-
-
-@pytest.fixture(params=["triton", "reference"])
-def path(request, monkeypatch):
-    if request.param == "triton" and not INTERPRET:
-        pytest.skip("CPU tensors run the reference unless TRITON_INTERPRET=1")
-    if request.param == "reference":
-        monkeypatch.setattr(launch, "use_triton", lambda device: False)
-    op_stagers.clear()
-    gc.collect()
-    yield request.param
-    op_stagers.clear()
 
 
 def _expected(ids, table, pad_to):

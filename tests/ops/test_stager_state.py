@@ -22,19 +22,6 @@ from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_input
 W, T = 32, 48
 
 
-@pytest.fixture(params=["triton", "reference"])
-def path(request, monkeypatch):
-    """The Triton kernels (the interpreter) or the PyTorch reference, with the ops' stagers made afresh."""
-    if request.param == "triton" and not INTERPRET:
-        pytest.skip("CPU tensors run the reference unless TRITON_INTERPRET=1")
-    if request.param == "reference":
-        monkeypatch.setattr(launch, "use_triton", lambda device: False)
-    op_stagers.clear()
-    gc.collect()
-    yield request.param
-    op_stagers.clear()
-
-
 def allocate(device="cpu"):
     return StagingBuffers.allocate(max_num_tokens=T, max_batch_size=4, embed_width=W, embed_dtype=torch.bfloat16,
                                    device=device)
