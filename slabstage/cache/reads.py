@@ -67,13 +67,14 @@ class Reads:
             if event is None or event.recorded is not None:
                 event = self._marks[raw] = _Mark(stream[1])
         else:
-            raw = None
-        if self._stream is None and not self._mixed:
-            self._stream = raw
-        elif self._stream != raw:
-            self._mixed, self._stream = True, None
+            raw = None  # (its stream unknown: it does not cover the readers before it)
+        if raw is not None and not self._mixed:
+            if self._stream is None:
+                self._stream = raw
+            elif self._stream != raw:
+                self._mixed, self._stream = True, None
         events = self.events
-        if self._mixed:  # several streams: keep every reader not yet done
+        if raw is None or self._mixed:  # several streams, or one unknown: keep every reader not yet done
             for s in slots:
                 kept = [e for e in events[s] if e is not event and not e.query()]
                 kept.append(event)
