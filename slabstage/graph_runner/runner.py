@@ -257,7 +257,7 @@ class PrefillGraphRunner:
         ids = batch.input_ids
         shape = ids.shape if isinstance(ids, torch.Tensor) else ()
         n = shape[0] if len(shape) == 1 else 0  # (a bad input_ids runs eagerly: staging's checks name it)
-        bucket, why = self._route[n] if 0 < n < len(self._route) else self._route_of(n)
+        bucket, why = self._route[n] if n < len(self._route) else self._route_of(n)  # (routes[0]: above largest)
         if bucket is None:
             return self._run_eager(batch, n, why, clone)
         return self._replay(batch, n, bucket, clone)
@@ -266,15 +266,15 @@ class PrefillGraphRunner:
         """Stage ``batch`` padded to ``bucket`` and replay that bucket's graph, which begins with the staging
         launch (unless ``after_stage`` is given: staging is then launched before it)."""
         self.registry.check(self._signature)
-        stager = self._stager
-        self._stage(stager, batch, bucket, self.after_stage is not None)
+        stager, after = self._stager, self.after_stage
+        self._stage(stager, batch, bucket, after is not None)
         self.last_bucket, self.last_fallback = bucket, None
         self._replays[bucket] = self._replays.get(bucket, 0) + 1
         self._padded += bucket - n
         graph, out = self._graphs[bucket]
         range_push("slabstage.replay")
         try:
-            if self.after_stage is None:
+            if after is None:
                 stager.replay(graph)  # (ordered after the stager's other launches, whatever their stream)
             else:
                 graph.replay()
