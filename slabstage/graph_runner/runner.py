@@ -48,7 +48,9 @@ class PrefillGraphRunner:
     the bucket on its token axis) and returns a tensor, or a tuple/list/dict of
     tensors, whose first axis is the token axis. Rows past the batch hold padding
     (zero embeddings, zero ids and positions); ``forward`` must keep them from
-    changing real rows (causal attention within each sequence does).
+    changing real rows (causal attention within each sequence does). A forward with a
+    ``needs`` attribute (names of ``PrefillBatch`` fields: ``prefill_forward(model,
+    cache=...)`` names its KV cache's slots) gets only batches that give them.
 
     Args:
         buckets: token counts to capture (default :func:`default_token_buckets`).
@@ -89,6 +91,7 @@ class PrefillGraphRunner:
         ratio = check_real("max_padding_ratio", max_padding_ratio, lo=1)
         check_choice("verify", verify, VERIFY)
         self.forward = forward
+        self._needs = tuple(getattr(forward, "needs", ()))  # batch fields the forward reads (a cache's slots, say)
         self.buffers = buffers
         self.registry = buffers.registry
         self.buckets = sizes
@@ -304,6 +307,10 @@ class PrefillGraphRunner:
     def _stage(self, stager: Stager, batch: PrefillBatch, pad_to: int, launch: bool) -> None:
         """Check ``batch`` and write its parameter block (and launch staging when ``launch``), then call
         ``after_stage``. Raises before anything is written."""
+        for name in self._needs:  # (a slot the batch does not give keeps the last batch's values)
+            if getattr(batch, name, None) is None:
+                raise ValueError(f"run(): the forward reads {name}, which this batch does not give (a KV cache's "
+                                 f"slots: pack_requests(..., cache=) gives them)")
         range_push("slabstage.stage")
         try:
             checked = stager.prepare(batch, pad_to)

@@ -103,4 +103,6 @@ def prefill_forward(model, *, cache: KVCache | None = None):
                 c._attn_implementation = name
         return norm(h)[0]
 
+    if cache is not None:  # (the runner refuses a batch that does not give them)
+        forward.needs = ("out_cache_loc", "prefix_lens", "req_indices")
     return forward

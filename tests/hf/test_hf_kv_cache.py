@@ -280,3 +280,15 @@ def test_forwards_on_two_threads_each_attend_their_own_batch():
     assert not errors, errors
     assert len(got) == 8 and all(torch.equal(g, want) for g in got)
     assert all(layer.self_attn.config._attn_implementation != sshf.attention.NAME for layer in model.model.layers)
+
+
+def test_a_batch_without_the_cache_slots_is_refused_by_a_cache_forward():
+    """pack_requests without cache= gives no out_cache_loc: a forward that writes the cache would write this
+    batch's K and V at the last batch's slots (maybe other requests'). The runner refuses it, writing nothing."""
+    model, buffers, cache, forward, runner = setup("qwen2")
+    requests, _ = make_requests(model, "qwen2", "cpu")
+    before = [t.clone() for t in cache.k + cache.v]
+    with pytest.raises(ValueError, match="out_cache_loc"):
+        runner.run(sshf.pack_requests(model, requests))
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.k + cache.v))
+    runner.run(sshf.pack_requests(model, requests, cache=cache))  # the same requests with the cache's slots
