@@ -13,7 +13,7 @@ Cases (bf16, vocabulary 32000):
   and ``torch.cat`` of the items then staging.
 - ``deepstack``: 8192 tokens into a 4 x 2048 slab, 8 new items of 4 column blocks; against one new
   pre-concatenated wide tensor.
-- ``qwen3_vl``: 4096 tokens, 4 images of 580 rows, k = 3 (``staging_figures.qwen3_vl_batch``); against
+- ``qwen3_vl``: 4096 tokens, 4 images of 580 rows, k = 3 (``qwen3_vl_batch``); against
   the engine-style merge (embedding, masked scatter per level, copies).
 - ``op``: ``stage_embeddings`` at 256 and 2048 x 4096 (into one slab, into a new view of one slab each call,
   and as the custom op) against the LightLLM-style kernel: latency, and ``host`` (the host time of a call
