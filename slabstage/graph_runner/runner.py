@@ -23,7 +23,8 @@ from .buckets import default_token_buckets
 from .capture import VERIFY, CaptureError, capture_buckets
 from .nvtx import nvtx_range, range_pop, range_push
 from .outputs import first_rows
-from .routes import ABOVE_LARGEST, CAPTURING, ENFORCE_EAGER, NO_CUDA, NOT_CAPTURED, eager_words, routes_by_size
+from .routes import (ABOVE_LARGEST, CAPTURING, EAGER, ENFORCE_EAGER, NO_CUDA, NOT_CAPTURED, Route, eager_words,
+                     routes_by_size)
 
 __all__ = ["PrefillGraphRunner", "CaptureError"]
 
@@ -105,7 +106,7 @@ class PrefillGraphRunner:
         self._dropped: dict[int, str] = {}  # bucket -> why the capture check dropped it
         self._pending: set[int] = set()  # capture(lazy=True): the buckets not captured yet
         self._views: dict[int, Any] = {}  # n -> the first n rows of its bucket's outputs
-        self._route: list = []  # n -> its bucket, or why it runs eagerly (a str)
+        self._route: list[Route] = []  # n -> where a batch of n tokens runs
         self._stager = None  # the stager the graphs were captured with
         self._signature = None
         self._said: set = set()  # the fallbacks already logged
@@ -220,16 +221,15 @@ class PrefillGraphRunner:
     # -- run --------------------------------------------------------------------------
     def bucket_for(self, n: int) -> int | None:
         """The bucket a batch of ``n`` tokens replays in, or None when it runs eagerly."""
-        route = self._route_of(n)
-        return route if type(route) is int else None
+        return self._route_of(n).bucket
 
-    def _route_of(self, n: int):
-        """``n``'s bucket, or why a batch of ``n`` tokens runs eagerly (a reason code)."""
+    def _route_of(self, n: int) -> Route:
+        """Where a batch of ``n`` tokens runs: its bucket, or why it runs eagerly (a reason code)."""
         if not self._graphs and not self._pending:
-            return ENFORCE_EAGER if self.enforce_eager else (NO_CUDA if self.eager else NOT_CAPTURED)
+            return EAGER[ENFORCE_EAGER if self.enforce_eager else (NO_CUDA if self.eager else NOT_CAPTURED)]
         if len(self._route) != self.buckets[-1] + 1:
             self._routes()
-        return self._route[n] if 0 < n < len(self._route) else ABOVE_LARGEST
+        return self._route[n] if 0 < n < len(self._route) else EAGER[ABOVE_LARGEST]
 
     def _routes(self) -> None:
         """The route of every token count up to the largest bucket, looked up in O(1) on the hot path."""
@@ -255,43 +255,26 @@ class PrefillGraphRunner:
         if not isinstance(batch, PrefillBatch):
             raise TypeError(f"run() takes a PrefillBatch, got {type(batch).__name__}")
         ids = batch.input_ids
-        n = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() == 1 else 0
-        route = self._route[n] if 0 < n < len(self._route) else self._route_of(n)
-        if type(route) is int:
-            self.registry.check(self._signature)
-            stager = self._stager
-            pad_to = route
-        else:
-            self._say(route)
-            stager = Stager.for_buffers(self.buffers, embed=True)
-            pad_to = n
-        range_push("slabstage.stage")
-        try:
-            checked = stager.prepare(batch, pad_to)
-            if type(route) is not int or self.after_stage is not None:
-                stager.launch(checked, pad_to)
-        finally:
-            range_pop()
-        if self.after_stage is not None:
-            self.after_stage(pad_to)
-        if type(route) is not int:
-            self.last_bucket, self.last_fallback = None, route
-            self._eager[route] = self._eager.get(route, 0) + 1
-            with nvtx_range("slabstage.eager"):
-                out = self.forward(self.registry.views(n))
-            if route == CAPTURING:  # (the capture's warm-up may write where the forward's outputs live)
-                out = first_rows(out, n, True)
-                need = self.buckets[bisect.bisect_left(self.buckets, n)]
-                self._capture_buckets(sorted({self.buckets[-1], need} & self._pending, reverse=True))
-                return out
-            return first_rows(out, n, clone)
-        self.last_bucket, self.last_fallback = route, None
-        self._replays[route] = self._replays.get(route, 0) + 1
-        self._padded += route - n
-        graph, out = self._graphs[route]
+        shape = ids.shape if isinstance(ids, torch.Tensor) else ()
+        n = shape[0] if len(shape) == 1 else 0  # (a bad input_ids runs eagerly: staging's checks name it)
+        bucket, why = self._route[n] if n < len(self._route) else self._route_of(n)  # (routes[0]: above largest)
+        if bucket is None:
+            return self._run_eager(batch, n, why, clone)
+        return self._replay(batch, n, bucket, clone)
+
+    def _replay(self, batch: PrefillBatch, n: int, bucket: int, clone: bool) -> Any:
+        """Stage ``batch`` padded to ``bucket`` and replay that bucket's graph, which begins with the staging
+        launch (unless ``after_stage`` is given: staging is then launched before it)."""
+        self.registry.check(self._signature)
+        stager, after = self._stager, self.after_stage
+        self._stage(stager, batch, bucket, after is not None)
+        self.last_bucket, self.last_fallback = bucket, None
+        self._replays[bucket] = self._replays.get(bucket, 0) + 1
+        self._padded += bucket - n
+        graph, out = self._graphs[bucket]
         range_push("slabstage.replay")
         try:
-            if self.after_stage is None:
+            if after is None:
                 stager.replay(graph)  # (ordered after the stager's other launches, whatever their stream)
             else:
                 graph.replay()
@@ -300,9 +283,41 @@ class PrefillGraphRunner:
         if clone:
             return first_rows(out, n, True)
         views = self._views.get(n)  # the same views every time: slicing costs more than the replay launch
-        if views is None:
-            views = first_rows(out, n, False)
-            if isinstance(out, torch.Tensor) or (isinstance(out, tuple)  # a dict or list could be changed
-                                                 and all(isinstance(v, torch.Tensor) for v in out)):
-                self._views[n] = views
+        return views if views is not None else self._keep_views(out, n)
+
+    def _run_eager(self, batch: PrefillBatch, n: int, why: str, clone: bool) -> Any:
+        """Stage ``batch`` and run ``forward`` eagerly (``why``: the reason code); for ``CAPTURING``, then
+        capture the bucket ``n`` needs (and the largest, when it is not captured yet)."""
+        self._say(why)
+        self._stage(Stager.for_buffers(self.buffers, embed=True), batch, n, True)
+        self.last_bucket, self.last_fallback = None, why
+        self._eager[why] = self._eager.get(why, 0) + 1
+        with nvtx_range("slabstage.eager"):
+            out = self.forward(self.registry.views(n))
+        if why != CAPTURING:
+            return first_rows(out, n, clone)
+        out = first_rows(out, n, True)  # (the capture's warm-up may write where the forward's outputs live)
+        need = self.buckets[bisect.bisect_left(self.buckets, n)]
+        self._capture_buckets(sorted({self.buckets[-1], need} & self._pending, reverse=True))
+        return out
+
+    def _stage(self, stager: Stager, batch: PrefillBatch, pad_to: int, launch: bool) -> None:
+        """Check ``batch`` and write its parameter block (and launch staging when ``launch``), then call
+        ``after_stage``. Raises before anything is written."""
+        range_push("slabstage.stage")
+        try:
+            checked = stager.prepare(batch, pad_to)
+            if launch:
+                stager.launch(checked, pad_to)
+        finally:
+            range_pop()
+        if self.after_stage is not None:
+            self.after_stage(pad_to)
+
+    def _keep_views(self, out: Any, n: int) -> Any:
+        """The first ``n`` rows of ``out``, kept for the next run of ``n`` unless a caller could change them
+        (a dict or a list)."""
+        views = first_rows(out, n, False)
+        if isinstance(out, torch.Tensor) or (isinstance(out, tuple) and all(isinstance(v, torch.Tensor) for v in out)):
+            self._views[n] = views
         return views

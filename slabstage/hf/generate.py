@@ -303,13 +303,6 @@ class Generator:
                     self.encoder_cache.evict(key)
         return [s.new for s in seqs]
 
-    def _cache_inputs(self, rows: list, starts: list, counts: list) -> dict:
-        """What a batch gives the KV cache: each request's cache row and tokens already cached, and the slots its
-        tokens ``[start, start + count)`` write (the cache's default layout)."""
-        loc = torch.cat([self.cache.slots(r, a, n) for r, a, n in zip(rows, starts, counts)])
-        return dict(out_cache_loc=loc, prefix_lens=torch.tensor(starts, dtype=torch.int32),
-                    req_indices=torch.tensor(rows, dtype=torch.int32))
-
     def _sample(self, hidden: torch.Tensor) -> list:
         """Greedy ids of ``hidden`` (the rows to sample, one a request): the LM head on them; one read back."""
         return self.head(hidden).float().argmax(-1).tolist()  # the step's one host sync: the scheduler needs them
@@ -340,7 +333,7 @@ class Generator:
                                            for (s, a, b), m in zip(chunks, media)])
         # the KV-cache inputs of the cache's default layout (filled at allocation: nothing to write into
         # req_to_token, so no host-to-device copy beside the runner's one); the runner checks them with the rest
-        for name, value in self._cache_inputs([s.row for s, _, _ in chunks], [a for _, a, _ in chunks],
+        for name, value in self.cache.batch_slots([s.row for s, _, _ in chunks], [a for _, a, _ in chunks],
                                               [b - a for _, a, b in chunks]).items():
             setattr(batch, name, value)
         hidden = self.runner.run(batch)
@@ -367,7 +360,7 @@ class Generator:
         batch = PrefillBatch(input_ids=last, positions=positions, table=self.fam.language_model.embed_tokens.weight,
                              mrope_positions=mrope, seq_lens=torch.ones(len(seqs), dtype=torch.int32),
                              extend_start_loc=torch.arange(len(seqs), dtype=torch.int32),
-                             **self._cache_inputs([s.row for s in seqs], where, [1] * len(seqs)))
+                             **self.cache.batch_slots([s.row for s in seqs], where, [1] * len(seqs)))
         hidden = self.runner.run(batch)
         return list(zip(seqs, self._sample(hidden[:len(seqs)])))  # (row k: request k)
 

@@ -66,6 +66,15 @@ class KVCache:
         first = 1 + req_index * self.max_context + start
         return torch.arange(first, first + length, dtype=torch.int64)
 
+    def batch_slots(self, rows: list, starts: list, counts: list) -> dict:
+        """What a batch gives the cache in the default layout (which :meth:`allocate` wrote into
+        ``req_to_token``): ``prefix_lens`` (each request's tokens already cached: its chunk's start),
+        ``req_indices`` (``rows``) and ``out_cache_loc`` (the slots of tokens ``[start, start + count)`` of each
+        row), host tensors for a ``PrefillBatch``. Nothing is written: no host-to-device copy."""
+        loc = torch.cat([self.slots(r, a, n) for r, a, n in zip(rows, starts, counts)])
+        return dict(out_cache_loc=loc, prefix_lens=torch.tensor(starts, dtype=torch.int32),
+                    req_indices=torch.tensor(rows, dtype=torch.int32))
+
     def __repr__(self) -> str:
         k = self.k[0]
         return (f"KVCache(layers={len(self.k)}, slots={k.shape[0]}, kv_heads={k.shape[1]}, head_dim={k.shape[2]}, "

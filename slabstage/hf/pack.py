@@ -236,7 +236,8 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
 
 def _cache_slots(requests: list, chunks: list, cache) -> tuple:
     """``(prefix_lens, req_indices, out_cache_loc)`` host tensors (``out_cache_loc`` None without a cache); with
-    one, each chunk's slots written into its ``req_to_token`` row."""
+    one, the slots of the cache's default layout (``req_to_token`` holds it from ``allocate``: nothing is
+    written)."""
     rows = [k if req.req_index is None else req.req_index for k, req in enumerate(requests)]
     if cache is None:
         return torch.zeros(len(rows), dtype=torch.int32), torch.tensor(rows, dtype=torch.int32), None
@@ -246,18 +247,15 @@ def _cache_slots(requests: list, chunks: list, cache) -> tuple:
         raise TypeError(f"slabstage.hf.pack_requests: cache must be a slabstage.hf.KVCache, got {type(cache).__name__}")
     if len(set(rows)) != len(rows):
         raise ValueError(f"slabstage.hf.pack_requests: requests share a req_index ({rows}): one row each")
-    locs = []
     for k, (row, (start, end)) in enumerate(zip(rows, chunks)):
         if isinstance(row, bool) or not isinstance(row, int):
             raise TypeError(f"slabstage.hf.pack_requests: request {k}: req_index must be an int, got {row!r}")
         try:
-            locs.append(cache.slots(row, start, end - start))
+            cache.slots(row, start, end - start)
         except ValueError as e:
             raise ValueError(f"slabstage.hf.pack_requests: request {k}: {e}") from None
-    for row, (start, end), loc in zip(rows, chunks, locs):  # (every request checked first: nothing written)
-        cache.req_to_token[row, start:end] = loc.to(cache.req_to_token.device, cache.req_to_token.dtype)
-    starts = torch.tensor([start for start, _ in chunks], dtype=torch.int32)
-    return starts, torch.tensor(rows, dtype=torch.int32), torch.cat(locs)
+    got = cache.batch_slots(rows, [a for a, _ in chunks], [b - a for a, b in chunks])
+    return got["prefix_lens"], got["req_indices"], got["out_cache_loc"]
 
 
 _COUNT = np.arange(4096, dtype=np.int64)
