@@ -60,10 +60,10 @@ lint: setup
 	$(PY) -m ruff check .
 
 bench: setup
-	$(PY) -m slabstage.bench run
+	$(PY) bench/run.py
 
 bench-report: setup
-	$(PY) -m slabstage.bench report
+	$(PY) bench/report.py
 
 profile: setup
 	$(PY) bench/nvtx_workload.py

@@ -379,7 +379,7 @@ def main(argv=None):
     cases = args.cases.split(",")
     reps = 2 if args.smoke else args.reps
     if CUDA:
-        from slabstage.bench import sleep_cycles_per_us
+        from harness import sleep_cycles_per_us
         SLEEP[0] = int(sleep_cycles_per_us() * 300)
     big, w = (64, 64) if args.smoke else (8192, 4096)
     torch.manual_seed(0)

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 import slabstage as ss
-from slabstage.bench import synced_us
+from harness import synced_us
 
 transformers = pytest.importorskip("transformers")
 

@@ -52,7 +52,7 @@ Without CUDA the device-time benchmarks skip; ``test_*_check`` run every
 implementation at tiny sizes (through the Triton interpreter) against the expected
 slab.
 
-GPU: ``python -m slabstage.bench run --suite media_items`` (JSON to bench/results/media_items.json).
+GPU: ``python bench/run.py --suite media_items`` (JSON to bench/results/media_items.json).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from peer_lightllm import image_ranges, lightllm_style_reference, lightllm_style
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from slabstage import PrefillBatch, PrefillGraphRunner, StagingBuffers, new_error_word, stage_embeddings
-from slabstage.bench import TIMER_PRECISION_S
+from harness import TIMER_PRECISION_S
 from slabstage.models import ToyMultimodalModel
 
 HAS_CUDA = torch.cuda.is_available()

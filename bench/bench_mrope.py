@@ -37,7 +37,7 @@ if __name__ == "__main__":  # the fresh process of test_first_call: the checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import slabstage as ss  # noqa: E402
-from slabstage.bench import synced_us  # noqa: E402
+from harness import synced_us  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,12 +13,14 @@ Cases (bf16, vocabulary 32000):
   and ``torch.cat`` of the items then staging.
 - ``deepstack``: 8192 tokens into a 4 x 2048 slab, 8 new items of 4 column blocks; against one new
   pre-concatenated wide tensor.
-- ``qwen3_vl``: 4096 tokens, 4 images of 580 rows, k = 3 (``staging_figures.qwen3_vl_batch``); against
+- ``qwen3_vl``: 4096 tokens, 4 images of 580 rows, k = 3 (``qwen3_vl_batch``); against
   the engine-style merge (embedding, masked scatter per level, copies).
-- ``op``: ``stage_embeddings`` at 256 and 2048 x 4096 against the LightLLM-style kernel: latency only.
+- ``op``: ``stage_embeddings`` at 256 and 2048 x 4096 (into one slab, into a new view of one slab each call,
+  and as the custom op) against the LightLLM-style kernel: latency, and ``host`` (the host time of a call
+  alone: the clock around the call behind ``between_rounds``' head start, so the device is busy and no call
+  waits for it).
 
-``bench/staging_figures.py`` measures the same cases as one script (rounds of 8 calls behind a head
-start); this suite puts them in pytest-benchmark's tables and JSON.
+``python bench/run.py --suite new_inputs -k test_op`` measures the op's cases alone.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import time
 import pytest
 import torch
 from peer_lightllm import image_ranges, lightllm_style_stage
-from staging_figures import engine_style_merge, half_media, items16, qwen3_vl_batch
 
 import slabstage as ss
+from slabstage.ops import stage_embeddings_op
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -40,8 +42,9 @@ DEV = torch.device("cuda")
 
 
 def _time(bench, metric, request, calls):
-    """Time ``calls[i]()`` in round ``i``: device time (``bench`` is ``device_bench``) or latency."""
-    between = request.getfixturevalue("between_rounds") if metric == "device" else torch.cuda.synchronize
+    """Time ``calls[i]()`` in round ``i``: device time (``bench`` is ``device_bench``), latency, or the host time
+    of the call alone (behind the head start, no sync)."""
+    between = request.getfixturevalue("between_rounds") if metric != "latency" else torch.cuda.synchronize
     it = iter(calls)
 
     def setup():
@@ -54,10 +57,61 @@ def _time(bench, metric, request, calls):
             torch.cuda.synchronize()
 
     b = bench.benchmark
-    if metric == "latency":
+    if metric != "device":
         b._timer = time.perf_counter  # (as host_bench does: the host clock)
     b.extra_info.update(metric=metric)
     b.pedantic(call, setup=setup, rounds=len(calls) - bench.warmup_rounds, warmup_rounds=bench.warmup_rounds)
+
+
+def half_media(n):
+    """A batch of ``n`` rows, every other block of 64 rows media: ``(ids, media_index)`` on the device."""
+    ids = torch.randint(0, 32000, (n,), device=DEV)
+    index = torch.full((n,), -1, dtype=torch.int64)
+    media = (torch.arange(n) // 64) % 2 == 1
+    index[media] = torch.arange(int(media.sum()))
+    return ids, index.to(DEV)
+
+
+def items16(sets: int):
+    """The 16-items case (8192 x 4096 bf16, half the rows media): ``(stage(media), sets of 16 new items)``."""
+    n, width = 8192, 4096
+    table = torch.randn(32000, width, dtype=BF16, device=DEV)
+    slab = torch.empty(n, width, dtype=BF16, device=DEV)
+    ids, index = half_media(n)
+    errors = ss.new_error_word(DEV)
+    rows = n // 2 // 16
+    items = [[torch.randn(rows, width, dtype=BF16, device=DEV) for _ in range(16)] for _ in range(sets)]
+    return (lambda m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)), items
+
+
+def engine_style_merge(slab, ids, table, dmask, items):
+    """What an engine does today with DeepStack items: the embedding, a masked scatter of each block's rows
+    (concatenated across items), each copied into its columns of ``slab``."""
+    n, h = ids.shape[0], table.shape[1]
+    emb = torch.nn.functional.embedding(ids, table)
+    emb.masked_scatter_(dmask[:, None], torch.cat([i[0] for i in items]))
+    slab[:, :h].copy_(emb)
+    for j in range(1, len(items[0])):
+        level = torch.zeros(n, h, dtype=slab.dtype, device=slab.device)
+        level.masked_scatter_(dmask[:, None], torch.cat([i[j] for i in items]))
+        slab[:, h * j:h * (j + 1)].copy_(level)
+
+
+def qwen3_vl_batch():
+    """4096 tokens, 2320 media rows in 4 images of 580, k = 3 DeepStack levels, hidden 2048: ``(table, slab, ids,
+    index, dmask, sizes, h, k)``."""
+    n, h, k = 4096, 2048, 3
+    table = torch.randn(32000, h, dtype=BF16, device=DEV)
+    slab = torch.empty(n, h * (1 + k), dtype=BF16, device=DEV)
+    sizes = [580] * 4
+    ids = torch.randint(0, 32000, (n,), device=DEV)
+    starts = [16 + i * 980 for i in range(4)]
+    mask = torch.zeros(n, dtype=torch.bool)
+    for start, size in zip(starts, sizes):
+        mask[start:start + size] = True
+    spans = [(start, size, sum(sizes[:i])) for i, (start, size) in enumerate(zip(starts, sizes))]
+    index = ss.media_index_from_spans(spans, n, device=DEV)
+    return table, slab, ids, index, mask.to(DEV), sizes, h, k
 
 
 def _rounds(bench):
@@ -135,9 +189,10 @@ def test_qwen3_vl(device_bench, request, impl, metric):
     _time(device_bench, metric, request, calls)
 
 
-@pytest.mark.parametrize("impl", ["slabstage", "lightllm_style"])
+@pytest.mark.parametrize("metric", ["latency", "host"])
+@pytest.mark.parametrize("impl", ["slabstage", "slabstage_views", "custom_op", "lightllm_style"])
 @pytest.mark.parametrize("n", [256, 2048])
-def test_op(device_bench, request, n, impl):
+def test_op(device_bench, request, n, impl, metric):
     width = 4096
     table = torch.randn(32000, width, dtype=BF16, device=DEV)
     slab = torch.empty(n, width, dtype=BF16, device=DEV)
@@ -147,9 +202,16 @@ def test_op(device_bench, request, n, impl):
     if impl == "slabstage":
         calls = [lambda m=m: ss.stage_embeddings(slab, ids, table, media=m, media_index=index, errors=errors)
                  for m in media]
+    elif impl == "slabstage_views":  # a new view base[k:k + n] of one slab each call, as an engine stages
+        base = torch.empty(n + 64, width, dtype=BF16, device=DEV)
+        calls = [lambda m=m, k=k % 64: ss.stage_embeddings(base[k:k + n], ids, table, media=m, media_index=index,
+                                                            errors=errors) for k, m in enumerate(media)]
+    elif impl == "custom_op":
+        calls = [lambda m=m: stage_embeddings_op(slab, ids, table, media=m, media_index=index, errors=errors)
+                 for m in media]
     else:
         starts, lengths, locs = image_ranges([64] * max(1, n // 128), 32000, DEV)
         fake = torch.where(index >= 0, 32000 + index, ids)
         calls = [lambda m=m: lightllm_style_stage(slab, fake, table, m, starts, lengths, locs) for m in media]
     device_bench.extra_info.update(case="op", shape=f"{n}x{width}", impl=impl)
-    _time(device_bench, "latency", request, calls)
+    _time(device_bench, metric, request, calls)

@@ -22,7 +22,7 @@ compared bit for bit (max abs diff) and how the step ran (its bucket, or the run
 steps of each: the sum of the step's kernel durations against its wall time, so ``replay wall - kernels``
 is the host time a replay step leaves. A second fresh process captures the largest bucket alone (the
 memory the ladder is judged against). The test's own timing is the worker's wall time; the figures are in
-``extra_info`` and ``python -m slabstage.bench report`` tabulates them. For ``prefill_forward`` and ``mask``
+``extra_info`` and ``python bench/report.py`` tabulates them. For ``prefill_forward`` and ``mask``
 the test then checks that the capture succeeded and that every step run at its own bucket's size equals the
 eager one bit for bit. Skips without CUDA or transformers.
 """

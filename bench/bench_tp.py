@@ -68,7 +68,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from slabstage import StagingBuffers, stage_embeddings  # noqa: E402
-from slabstage.bench import sleep_cycles_per_us  # noqa: E402
+from harness import sleep_cycles_per_us  # noqa: E402
 from slabstage.distributed import SlabAllReduce, vocab_parallel_args  # noqa: E402
 
 WORLD = 2

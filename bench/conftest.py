@@ -1,7 +1,7 @@
 """pytest-benchmark set up for GPU work, shared by every suite in bench/.
 
 - ``device_bench``: the ``benchmark`` fixture with its timer swapped for a
-  CUDA-event timer (:class:`slabstage.bench.CudaEventTimer`) and its precision
+  CUDA-event timer (:class:`harness.CudaEventTimer`) and its precision
   pinned; ``device_bench(fn)`` runs ``benchmark.pedantic(fn, setup=between_rounds,
   rounds=R, warmup_rounds=W, iterations=1)``.
 - ``between_rounds``: the untimed setup of each round: overwrite a 256 MiB scratch
@@ -41,7 +41,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from slabstage.bench import TIMER_PRECISION_S, CudaEventTimer, sleep_cycles_per_us  # noqa: E402
+from harness import TIMER_PRECISION_S, CudaEventTimer, sleep_cycles_per_us  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionstart(session):
-    # --benchmark-timer slabstage.bench.cuda_event_timer: pin its precision too (the
+    # --benchmark-timer harness.cuda_event_timer: pin its precision too (the
     # benchmark session exists by now: pytest-benchmark makes it in a trylast configure)
     bench_session = getattr(session.config, "_benchmarksession", None)
     timer = getattr(getattr(bench_session, "options", {}).get("timer"), "target", None)
@@ -110,7 +110,7 @@ def use_timer(benchmark, timer):
     """Make ``benchmark`` (the pytest-benchmark fixture) time with ``timer``."""
     if not hasattr(benchmark, "_timer"):
         raise RuntimeError("this pytest-benchmark keeps its timer elsewhere than BenchmarkFixture._timer; "
-                           "pass --benchmark-timer slabstage.bench.cuda_event_timer instead")
+                           "pass --benchmark-timer harness.cuda_event_timer instead")
     benchmark._timer = timer
     _pin_precision(timer)
     if not isinstance(getattr(benchmark, "_precisions", None), dict) and hasattr(benchmark, "_get_precision"):

@@ -27,14 +27,13 @@ for phase in "$@"; do
     soak) SLABSTAGE_SOAK_STEPS=${SOAK_STEPS:-10000} SLABSTAGE_SOAK_OUT=$LOG/soak.json \
             run soak python3 -m pytest tests/runner/test_soak.py -m slow -q -p no:cacheprovider -rfEs ;;
     sanitize) run sanitize bash tools/gpu_sanitize.sh "$LOG/sanitizer" ;;  # native, memcheck (twice), racecheck
-    bench_runner) run bench_runner python3 -m slabstage.bench run --results bench/results --suite graph_runner ;;
+    bench_runner) run bench_runner python3 bench/run.py --results bench/results --suite graph_runner ;;
     tp) run tp_tests python3 -m pytest tests/tp/test_tp.py -q -p no:cacheprovider -rfEs -m multigpu
         run tp_bench python3 bench/bench_tp.py ;;
-    bench) run bench python3 -m slabstage.bench run --results bench/results
-           run report python3 -m slabstage.bench report --results bench/results ;;
+    bench) run bench python3 bench/run.py --results bench/results
+           run report python3 bench/report.py --results bench/results ;;
     profile) run profile python3 bench/nvtx_workload.py --steps 40 --torch-profiler "$LOG/trace.json" ;;
-    figures) run figures python3 bench/staging_figures.py --out "$LOG/staging_figures.json" ;;
-    graph_check) run graph_check python3 bench/graph_check.py --out "$LOG/graph_check.json" ;;
+    figures) run figures python3 bench/run.py --results bench/results --suite new_inputs ;;
     quick) run quick python3 -m pytest tests/runner/test_graph_runner.py tests/ops/test_stage_batch.py \
              tests/runner/test_profile_ranges.py -q -p no:cacheprovider -rfEs ;;
     probe_mem) run probe_mem python3 tools/probe_capture_memory.py --json "$LOG/probe_mem.json" ;;

@@ -1,11 +1,17 @@
-"""The bench report (python -m slabstage.bench report) renders the figures a suite's JSON holds."""
+"""The bench report (python bench/report.py) renders the figures a suite's JSON holds."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
-from slabstage.bench.report import markdown
-
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+RESULTS = BENCH / "results"
+sys.path.insert(0, str(BENCH))  # the harness lives beside the suites, not in the package
+try:
+    from harness.report import markdown
+finally:
+    sys.path.remove(str(BENCH))
 
 
 def test_capture_is_shown_as_seconds_a_bucket_not_as_a_subprocess_wall_time():
@@ -50,3 +56,14 @@ def test_replay_suite_is_shown_per_case_and_size_not_as_a_worker_wall_time():
     assert len(small) == 2 and "| 0.22 | yes | bucket 64 |" in small[0]
     assert "| 1,150 µs | 1,000 µs (57) | 2.5 µs | 150.0 µs | 87% | 5,300 µs | 990.0 µs (301) |" in small[1]
     assert "| qwen3_vl sdpa prefill_forward | 4080 | 17,000 µs | – | – | – | – | 16,950 µs | – |" in text
+
+
+def test_the_report_script_rewrites_the_committed_tables_from_their_json(tmp_path):
+    """``python bench/report.py`` (``make bench-report``) writes each committed ``<suite>.md`` again from its JSON."""
+    proc = subprocess.run([sys.executable, str(BENCH / "report.py"), "--results", str(RESULTS), "--out",
+                           str(tmp_path), "--no-plots", "--quiet"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    suites = sorted(p.stem for p in RESULTS.glob("*.json") if (RESULTS / f"{p.stem}.md").is_file())
+    assert suites
+    for suite in suites:
+        assert (tmp_path / f"{suite}.md").read_text() == (RESULTS / f"{suite}.md").read_text(), suite

@@ -52,9 +52,9 @@ def test_the_wheel_holds_the_package_and_nothing_else(wheel):
     source = {p.relative_to(ROOT).as_posix() for p in (ROOT / "slabstage").rglob("*.py")}
     missing = source - set(names)
     assert not missing, f"modules missing from the wheel: {sorted(missing)}"
-    for package in ("slabstage/kernels/", "slabstage/staging/", "slabstage/graph_runner/", "slabstage/models/",
-                    "slabstage/bench/"):
+    for package in ("slabstage/kernels/", "slabstage/staging/", "slabstage/graph_runner/", "slabstage/models/"):
         assert any(n.startswith(package) for n in names), package
+    assert not any(n.startswith("slabstage/bench/") for n in names), "the benchmark harness lives in bench/"
     if (ROOT / "slabstage" / "hf").is_dir():
         assert any(n.startswith("slabstage/hf/") for n in names)
     stray = [n for n in names if not (n.startswith("slabstage/") or n.startswith("slabstage-"))]
@@ -77,7 +77,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports(wheel, tmp_path):
     out = _run([python, "-c", probe], cwd=tmp_path).stdout.split("\n")
     assert out[0] == slabstage.__version__
     assert Path(out[1]).is_relative_to(site.resolve()), f"imported {out[1]}, not the installed wheel"
-    # the command line works from the install; the benchmarks say they need a checkout
+    # the command line works from the install; the benchmark harness is not shipped (it is bench/ of a checkout)
     assert "usage: python -m slabstage demo" in _run([python, "-m", "slabstage", "--help"], cwd=tmp_path).stdout
     proc = _run([python, "-m", "slabstage.bench", "run"], check=False, cwd=tmp_path)
-    assert proc.returncode == 2 and "source checkout" in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and "No module named slabstage.bench" in proc.stderr, proc.stderr

@@ -52,17 +52,20 @@ def _shell(name: str) -> str:
     return (TOOLS / name).read_text().replace("\\\n", " ")  # continued lines as one
 
 
-def _module_source(module: str) -> str:
-    """The source of a slabstage module, or of every module of a slabstage package."""
-    folder = ROOT / Path(*module.split("."))
+def _module_source(module: str, base: Path = ROOT) -> str:
+    """The source of a slabstage module, or of every module of a slabstage package (of ``base``)."""
+    folder = base / Path(*module.split("."))
     files = sorted(folder.glob("*.py")) if folder.is_dir() else [folder.with_suffix(".py")]
     return "".join(f.read_text() for f in files if f.is_file())
 
 
 def _script_source(path: str) -> str:
-    """A script's source and that of the slabstage modules it imports from (a thin script's parser lives there)."""
+    """A script's source and that of the slabstage modules it imports from (a thin script's parser lives there;
+    bench/'s scripts' in the benchmark harness beside them)."""
     text = (ROOT / path).read_text()
-    return text + "".join(_module_source(m) for m in re.findall(r"^from (slabstage[\w.]*) import", text, re.M))
+    text += "".join(_module_source(m) for m in re.findall(r"^from (slabstage[\w.]*) import", text, re.M))
+    return text + "".join(_module_source(m, ROOT / "bench") for m in re.findall(r"^from (harness[\w.]*) import",
+                                                                              text, re.M))
 
 
 def test_every_script_in_tools_has_a_check_and_a_line_in_the_readme():

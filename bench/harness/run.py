@@ -1,6 +1,6 @@
-"""``python -m slabstage.bench run [options] [pytest args]`` and ``python -m slabstage.bench report``.
+"""``python bench/run.py [options] [pytest args]``: run the suites and save their JSON.
 
-``run`` runs each suite ``bench/bench_<suite>.py`` in its own pytest process with
+It runs each suite ``bench/bench_<suite>.py`` in its own pytest process with
 pytest-benchmark on (``--benchmark-enable --benchmark-only``) and saves its JSON as
 ``<results>/<suite>.json``; arguments it does not know go to pytest (``-k``,
 ``--bench-rounds``, ``--benchmark-columns``, ...). Without CUDA it says that the
@@ -8,12 +8,7 @@ GPU figures need a GPU, runs the host-time benchmarks at small sizes on the
 PyTorch reference path, saves them outside the repository (unless ``--results``
 says where) and exits 0.
 
-``report`` writes ``<suite>.md`` (a table) and ``<suite>.png`` (a plot, when
-matplotlib is installed) for every JSON in the results folder.
-
-The suites live in ``bench/`` of a source checkout. From an installed wheel,
-``run`` needs ``--bench-dir CHECKOUT/bench`` and ``report`` needs ``--results``;
-without them each says so and exits 2.
+``python bench/report.py`` then writes the tables and plots (:mod:`.report`).
 """
 
 from __future__ import annotations
@@ -25,13 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import NO_CHECKOUT, find_bench_dir
-
-USAGE = """usage: python -m slabstage.bench run [--results DIR] [--suite NAME] [--bench-dir DIR] [--quiet] [pytest args]
-       python -m slabstage.bench report [--results DIR] [--out DIR] [--no-plots] [--quiet]
-
-The suites live in bench/ of a source checkout (not in the installed package)."""
-
+from . import BENCH_DIR, RESULTS_DIR
 
 STANDALONE = {"bench_tp.py"}  # its own two-process script (python bench/bench_tp.py), not a pytest suite
 
@@ -55,35 +44,28 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slabstage.bench run",
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python bench/run.py",
                                      description="Run the benchmark suites; other arguments go to pytest.")
     parser.add_argument("--results", type=Path, default=None,
                         help="folder for <suite>.json (default: bench/results; without CUDA: a temp folder)")
     parser.add_argument("--suite", action="append", help="run only this suite (repeatable), e.g. stage_embeddings")
-    parser.add_argument("--bench-dir", type=Path, default=None,
-                        help="the checkout's bench/ folder (default: the one beside this package, in a checkout)")
     parser.add_argument("--quiet", action="store_true",
                         help="no pytest output (its progress line included); one line per suite")
     args, pytest_args = parser.parse_known_args(argv)
 
-    bench = find_bench_dir(args.bench_dir)
-    if bench is None:
-        where = args.bench_dir or "beside the installed package"
-        print(f"slabstage.bench: no benchmark suites found ({where}): {NO_CHECKOUT}", file=sys.stderr)
-        return 2
-    suites = _suites(bench, args.suite)
-    root = bench.parent
+    suites = _suites(BENCH_DIR, args.suite)
+    root = BENCH_DIR.parent
     env = dict(os.environ)
     cuda = _has_cuda()
     if cuda:
-        results = args.results or bench / "results"
+        results = args.results or RESULTS_DIR
     else:
         # A CPU run's figures are not the GPU figures bench/results holds; keep them apart.
         results = args.results or Path(tempfile.gettempdir()) / "slabstage-bench-cpu"
         # the reference path is what a CPU engine would run; the interpreter's speed means nothing
         env["TRITON_INTERPRET"] = "0"
-        print("slabstage.bench: no CUDA device: device time, GB/s and % of the copy ceiling need a GPU.\n"
+        print("bench: no CUDA device: device time, GB/s and % of the copy ceiling need a GPU.\n"
               "  Running the host-time benchmarks at small sizes on the PyTorch reference path instead;\n"
               f"  results go to {results}")
     results.mkdir(parents=True, exist_ok=True)
@@ -115,33 +97,17 @@ def run(argv: list[str]) -> int:
             note = f"saved {target}"
         else:
             note = "no benchmark ran, nothing saved"
-        print(f"slabstage.bench: {suite}: {'FAILED, ' if suite in failed else ''}{note}", flush=True)
+        print(f"bench: {suite}: {'FAILED, ' if suite in failed else ''}{note}", flush=True)
 
     if failed:
-        print(f"slabstage.bench: failed suites: {', '.join(failed)}", file=sys.stderr)
+        print(f"bench: failed suites: {', '.join(failed)}", file=sys.stderr)
         return 1
     if cuda:
-        print("slabstage.bench: done; `python -m slabstage.bench report` writes the tables and plots")
+        print("bench: done; `python bench/report.py` writes the tables and plots")
     else:
-        print(f"slabstage.bench: CPU run done; `python -m slabstage.bench report --results {results}` "
+        print(f"bench: CPU run done; `python bench/report.py --results {results}` "
               "tabulates it. GPU figures need a GPU.")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
-    command, rest = argv[0], argv[1:]
-    if command == "run":
-        return run(rest)
-    if command == "report":
-        from .report import main as report_main
-
-        return report_main(rest)
-    print(f"unknown command {command!r}\n{USAGE}", file=sys.stderr)
-    return 2
 
 
 if __name__ == "__main__":

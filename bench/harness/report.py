@@ -1,4 +1,4 @@
-"""Turn pytest-benchmark JSON from ``bench/`` into markdown tables and log-log plots.
+"""``python bench/report.py``: turn pytest-benchmark JSON from ``bench/`` into markdown tables and log-log plots.
 
 For ``<results>/<suite>.json`` it writes ``<suite>.md``: one table per metric
 (device time, host time), rows = shapes, columns = implementations, each cell the
@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import default_results_dir, find_bench_dir
+from . import RESULTS_DIR
 from .info_tables import info_tables
 from .plots import plot, pyplot
 from .tables import Row, load_rows, machine_line, metric_tables
@@ -55,17 +55,17 @@ def write_reports(results: Path, out: Path | None = None, *, plots: bool = True,
     out.mkdir(parents=True, exist_ok=True)
     plt = pyplot() if plots else None
     if plots and plt is None:
-        log("slabstage.bench report: matplotlib is not installed: writing tables only "
+        log("bench report: matplotlib is not installed: writing tables only "
             "(pip install 'slabstage[bench]', or pip install matplotlib, for the plots)")
     written = []
     for src in sorted(results.glob("*.json")):
         try:
             data = json.loads(src.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            log(f"slabstage.bench report: skipping {src}: {e}")
+            log(f"bench report: skipping {src}: {e}")
             continue
         if not isinstance(data, dict) or "benchmarks" not in data:
-            log(f"slabstage.bench report: skipping {src}: not a pytest-benchmark JSON file")
+            log(f"bench report: skipping {src}: not a pytest-benchmark JSON file")
             continue
         suite = src.stem
         md = out / f"{suite}.md"
@@ -79,26 +79,22 @@ def write_reports(results: Path, out: Path | None = None, *, plots: bool = True,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slabstage.bench report",
+    parser = argparse.ArgumentParser(prog="python bench/report.py",
                                      description="Markdown tables and plots from the saved benchmark JSON.")
     parser.add_argument("--results", type=Path, default=None, help="folder of <suite>.json (default: bench/results)")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: the results folder)")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     args = parser.parse_args(argv)
-    if args.results is None and find_bench_dir() is None:
-        print("slabstage.bench report: no checkout beside the installed package: pass --results DIR "
-              "(the folder `python -m slabstage.bench run` wrote)", file=sys.stderr)
-        return 2
-    results = args.results or default_results_dir()
+    results = args.results or RESULTS_DIR
     if not results.is_dir():
-        print(f"slabstage.bench report: no results folder {results}; run `python -m slabstage.bench run` first",
+        print(f"bench report: no results folder {results}; run `python bench/run.py` first",
               file=sys.stderr)
         return 2
     log = (lambda *_: None) if args.quiet else print
     written = write_reports(results, args.out, plots=not args.no_plots, log=log)
     if not written:
-        print(f"slabstage.bench report: no benchmark JSON in {results}", file=sys.stderr)
+        print(f"bench report: no benchmark JSON in {results}", file=sys.stderr)
         return 1
     for path in written:
         log(f"wrote {path}")

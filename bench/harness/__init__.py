@@ -1,12 +1,11 @@
-"""Benchmark tooling: the device-time timer pytest-benchmark uses, and where suites live.
+"""The benchmark harness: the device-time timer pytest-benchmark uses, the runner and the report.
 
-``python -m slabstage.bench run`` runs the suites in ``bench/`` and saves their JSON;
-``python -m slabstage.bench report`` turns the JSON into markdown tables and plots.
-The suites are not part of the installed package: they live in ``bench/`` of a
-source checkout, found beside the package (an editable install) or through
-``--bench-dir``; from a plain install ``run`` says so and exits 2.
-The timer below is importable by dotted name, so it also plugs in as
-``pytest --benchmark-timer slabstage.bench.cuda_event_timer``.
+``python bench/run.py`` runs the suites in ``bench/`` and saves their JSON;
+``python bench/report.py`` turns the JSON into markdown tables and plots.
+It lives beside the suites in a source checkout, not in the installed package.
+The timer below is importable by dotted name where ``bench/`` is on the path (pytest
+puts it there for the suites), so it also plugs in as
+``pytest --benchmark-timer harness.cuda_event_timer``.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CudaEventTimer", "cuda_event_timer", "TIMER_PRECISION_S", "bench_dir", "default_results_dir",
-           "find_bench_dir", "NO_CHECKOUT"]
+__all__ = ["CudaEventTimer", "cuda_event_timer", "TIMER_PRECISION_S", "BENCH_DIR", "RESULTS_DIR", "synced_us",
+           "sleep_cycles_per_us"]
 
 # What a pair of CUDA events resolves (about half a microsecond); pinned as the
 # timer's precision so pytest-benchmark never probes it by calling the timer out of pairs.
@@ -66,24 +65,8 @@ class CudaEventTimer:
 cuda_event_timer = CudaEventTimer()
 
 
-NO_CHECKOUT = ("the benchmark suites live in bench/ of a slabstage source checkout, not in the installed package: "
-               "run this from an editable install of a checkout (pip install -e .), or pass --bench-dir "
-               "CHECKOUT/bench")
-
-
-def bench_dir() -> Path:
-    """Where the repository's ``bench/`` folder is when this package sits in a checkout (it may not exist)."""
-    return Path(__file__).resolve().parents[2] / "bench"
-
-
-def find_bench_dir(given: Path | None = None) -> Path | None:
-    """``given``, else the checkout's ``bench/``, when it holds the suites (``conftest.py``); else None."""
-    path = bench_dir() if given is None else Path(given).resolve()
-    return path if (path / "conftest.py").is_file() else None
-
-
-def default_results_dir() -> Path:
-    return bench_dir() / "results"
+BENCH_DIR = Path(__file__).resolve().parents[1]  # the checkout's bench/: the suites and their conftest
+RESULTS_DIR = BENCH_DIR / "results"
 
 
 def synced_us(fn) -> float:
