@@ -66,8 +66,9 @@ class Reads:
             event = self._marks.get(raw)
             if event is None or event.recorded is not None:
                 event = self._marks[raw] = _Mark(stream[1])
-        else:
-            raw = None  # (its stream unknown: it does not cover the readers before it)
+        else:  # (its stream unknown: it does not cover the readers before it, nor they it)
+            raw = None
+            self._mixed, self._stream = True, None
         if raw is not None and not self._mixed:
             if self._stream is None:
                 self._stream = raw

@@ -9,6 +9,8 @@ and a host sync), and rope-index computation (Python loops over ``.tolist()``).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ._family import family_of
@@ -20,6 +22,8 @@ __all__ = ["prefill_forward"]
 
 _ATTENTION = ("sdpa", "eager", NAME)
 
+
+_SWAP = threading.RLock()  # held while a forward has swapped the models' attention implementation
 
 def prefill_forward(model, *, cache: KVCache | None = None):
     """``forward(views) -> [T, H]``: the language model of ``model`` over the slab, capturable.
@@ -79,11 +83,15 @@ def prefill_forward(model, *, cache: KVCache | None = None):
         else:
             position_ids = views["positions"][None]  # [1, T]
         cos_sin = rotary(h, position_ids)
+        with _SWAP:  # (the implementation is the configs' attribute: one forward swaps it at a time)
+            return _layers(h, embeds, cos_sin, Batch(views, T, cache))
+
+    def _layers(h, embeds, cos_sin, batch):
         saved = [c._attn_implementation for c in configs]
         try:
             for c in configs:
                 c._attn_implementation = NAME
-            with active(Batch(views, T, cache)):
+            with active(batch):
                 for i, layer in enumerate(layers):
                     h = layer(h, attention_mask=None, position_embeddings=cos_sin)
                     if isinstance(h, tuple):  # older layer APIs return (hidden, ...)

@@ -21,9 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["packed_attention", "packed_attention_reference", "request_offsets", "BLOCK_M"]
-
-BLOCK_M = 64
+__all__ = ["packed_attention", "packed_attention_reference", "request_offsets"]
 
 
 def request_offsets(seq_lens, starts, prefix_lens, req_indices, count, block_m: int, *, has_prefix: bool = True):

@@ -60,3 +60,17 @@ def test_cpu_files_nothing():
     r.grow(1)
     r.note((0,))
     assert r.take(0) == []
+
+
+def test_a_reader_given_as_an_event_is_kept_beside_later_stream_readers(monkeypatch):
+    """An explicit event (its stream unknown) covers nothing and is covered by nothing: a later launch on
+    one stream does not replace it, so its rows wait for both."""
+    monkeypatch.setattr(reads_mod.torch.cuda, "Event", FakeEvent)
+    FakeEvent.made = []
+    r = Reads(torch.device("cuda", 0))
+    r.grow(1)
+    explicit = FakeEvent()
+    r.note((0,), event=explicit)
+    r.note((0,), stream=(1, "a"))
+    got = r.take(0)
+    assert explicit in got and any(e.stream == "a" for e in got)

@@ -247,3 +247,36 @@ def test_chunked_prefill_on_cuda(family):
     requests, prompts = make_requests(model, family, "cuda")
     cuts = [[5, r.input_ids.shape[0] - 7] for r in requests]
     _chunked_vs_whole(family, requests, [media_of(p) for p in prompts], cuts, device="cuda")
+
+
+def test_forwards_on_two_threads_each_attend_their_own_batch():
+    """Two threads run eager forwards of one model at once: the attention implementation the forward swaps in
+    is never restored under the other's feet, and each gets its single-thread answer."""
+    import threading
+
+    model, buffers, _, _, _ = setup("qwen2")
+    forward = sshf.prefill_forward(model)
+    requests, _ = make_requests(model, "qwen2", "cpu")
+    batch = sshf.pack_requests(model, requests)
+    with torch.no_grad():
+        ss.PrefillGraphRunner(forward, buffers, progress=False).run(batch)
+        views = {k: v.clone() for k, v in buffers.registry.views(batch.num_tokens).items()}
+        want = forward(views)
+    got, errors = [], []
+
+    def work():
+        try:
+            with torch.no_grad():
+                for _ in range(4):
+                    got.append(forward(views))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(got) == 8 and all(torch.equal(g, want) for g in got)
+    assert all(layer.self_attn.config._attn_implementation != sshf.attention.NAME for layer in model.model.layers)
