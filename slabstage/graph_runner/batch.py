@@ -17,7 +17,24 @@ __all__ = ["PrefillBatch", "Media"]
 Media = Union[torch.Tensor, Sequence[Union[torch.Tensor, tuple]]]
 
 
+def _slot_fields(cls):
+    """Give ``cls`` one field per integer slot of :data:`~slabstage.staging.slots.SLOTS` (before ``@dataclass``
+    reads its annotations): the required slots first, then its own fields without a default, then the other
+    slots (default None), then its own fields with a default."""
+    own = dict(cls.__dict__.get("__annotations__", {}))
+    required = [name for name in own if not hasattr(cls, name)]
+    cls.__annotations__ = (
+        {s.name: "torch.Tensor" for s in SOURCE_SLOTS if s.required} | {name: own[name] for name in required}
+        | {s.name: "torch.Tensor | None" for s in SOURCE_SLOTS if not s.required}
+        | {name: a for name, a in own.items() if name not in required})
+    for spec in SOURCE_SLOTS:
+        if not spec.required:
+            setattr(cls, spec.name, None)
+    return cls
+
+
 @dataclass
+@_slot_fields
 class PrefillBatch:
     """One prefill batch of ``n`` tokens.
 
@@ -32,15 +49,9 @@ class PrefillBatch:
     checks everything again, against its buffers, before it writes anything.
     """
 
-    input_ids: torch.Tensor
-    positions: torch.Tensor
+    # (one field per integer slot comes from SLOTS: input_ids, positions, then after table out_cache_loc,
+    # mrope_positions, seq_lens, extend_start_loc, prefix_lens, req_indices, each None when not given)
     table: torch.Tensor
-    out_cache_loc: torch.Tensor | None = None
-    seq_lens: torch.Tensor | None = None
-    extend_start_loc: torch.Tensor | None = None
-    prefix_lens: torch.Tensor | None = None
-    req_indices: torch.Tensor | None = None
-    mrope_positions: torch.Tensor | None = None
     media: Media | None = None
     media_index: torch.Tensor | None = None
     expand: str = "zeros"
@@ -61,8 +72,6 @@ class PrefillBatch:
         return self.input_ids.shape[0]
 
 
-# a slot declared in slabstage.staging.slots needs its field here
-assert {s.name for s in SOURCE_SLOTS} <= {f.name for f in fields(PrefillBatch)}, "PrefillBatch lacks a slot field"
 # the defaults the staging path gives a field a caller leaves out are PrefillBatch's own
 assert all(DEFAULTS[f.name] == f.default for f in fields(PrefillBatch) if f.default is not MISSING), \
     "PrefillBatch's defaults differ from slabstage.kernels.configuration.DEFAULTS"

@@ -15,6 +15,7 @@ import torch
 
 from ..kernels.launch import Stager, capture_stream
 from ..staging.buffers import StagingBuffers
+from ..staging.slots import ROWS, SOURCE_SLOTS, TOKENS
 from .batch import PrefillBatch
 from .nvtx import nvtx_range
 from .outputs import bit_equal, first_rows, into_static
@@ -62,19 +63,24 @@ def _progress(total: int, enabled: bool):
 
 
 def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
-    """The batch staged while capturing: ``n`` text rows of a small random table, one sequence, positions
-    ``0..n-1``; what warm-up, capture and the check after it run on."""
+    """The batch staged while capturing: ``n`` text rows of a small random table, one sequence; each slot the
+    buffers have gets what its :data:`~slabstage.staging.slots.SLOTS` row's ``probe`` says (positions
+    ``0..n-1``, ``seq_lens`` ``[n]``); what warm-up, capture and the check after it run on."""
     slab = buffers.input_embeds
     g = torch.Generator(device="cpu").manual_seed(n)
     host = torch.device("cpu")  # (named: a caller's default device has no say)
-    positions = torch.arange(n, device=host)
-    return PrefillBatch(input_ids=torch.randint(0, 16, (n,), generator=g, device=host), positions=positions,
-                        table=torch.randn(16, slab.shape[1], generator=g, device=host).to(buffers.device, slab.dtype),
-                        mrope_positions=positions.expand(3, n) if buffers.mrope_positions is not None else None,
-                        seq_lens=torch.tensor([n], dtype=torch.int32, device=host),
-                        extend_start_loc=torch.zeros(1, dtype=torch.int32, device=host),
-                        prefix_lens=torch.zeros(1, dtype=torch.int32, device=host),
-                        req_indices=torch.zeros(1, dtype=torch.int32, device=host))
+    table = torch.randn(16, slab.shape[1], generator=g, device=host).to(buffers.device, slab.dtype)
+    ids = torch.randint(0, 16, (n,), generator=g, device=host)
+    values = {"ids": ids, "positions": torch.arange(n, device=host), "count": n}
+    slots = {}
+    for spec in SOURCE_SLOTS:
+        if spec.probe is None or spec.name not in buffers.registry:
+            continue
+        shape = (spec.rows, n) if spec.kind == ROWS else (n,) if spec.kind == TOKENS else (1,)
+        value = values.get(spec.probe, spec.probe)
+        slots[spec.name] = (value.to(spec.dtype).expand(shape) if isinstance(value, torch.Tensor)
+                            else torch.full(shape, value, dtype=spec.dtype, device=host))
+    return PrefillBatch(table=table, **slots)
 
 
 def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buckets: list, *, pool, static,

@@ -29,7 +29,7 @@ from ctypes import c_char
 import numpy as np
 import torch
 
-from ..staging.slots import REQUESTS, SLOTS, SOURCE_SLOTS
+from ..staging.slots import NEEDED_SLOTS, REQUESTS, SLOTS, SOURCE_SLOTS
 from .block import MAX_ITEM_WORDS, BlockWriter
 from .destinations import Destinations
 from .params import DEST_WORDS, HEADER_WORDS, INT_CODE, SOURCE_WORDS, PinnedRing
@@ -41,7 +41,6 @@ from .validate import Checked, check_batch
 
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream", "live_stagers"]
 
-_REQUIRED = ("input_ids", "positions", "num_tokens_non_padded")
 _STREAMS: dict = {}  # (device, "runner") -> the side stream the runner captures on
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every stager not yet collected
 _RETIRED: list = []  # [event or None, stream, held]: what a collected stager held, until its device work ends
@@ -296,7 +295,7 @@ class Stager(BlockWriter):
         kept = buffers._stagers.get(embed)
         if kept is not None and kept[2] is errors and kept[3] == errors.data_ptr() and reg.matches(kept[1]):
             return kept[0]
-        missing = [name for name in _REQUIRED if name not in reg]
+        missing = [name for name in NEEDED_SLOTS if name not in reg]
         if missing:
             raise ValueError(f"the buffers have no {missing[0]!r} slot")
         slots = [reg[spec.name] if spec.name in reg else None for spec in SLOTS]

@@ -2,31 +2,29 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
+from ..staging.slots import SOURCE_SLOTS
 from .launch import Inputs, Stager
 
 __all__ = ["stage_token_inputs"]
 
+_NAMES = frozenset(s.name for s in SOURCE_SLOTS)
+_NEEDED = tuple(s.name for s in SOURCE_SLOTS if s.required)
 
-def stage_token_inputs(
-    buffers,
-    *,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    out_cache_loc: torch.Tensor | None = None,
-    mrope_positions: torch.Tensor | None = None,
-    seq_lens: torch.Tensor | None = None,
-    extend_start_loc: torch.Tensor | None = None,
-    pad_to: int,
-) -> None:
+
+def stage_token_inputs(buffers, *, pad_to: int, **sources: torch.Tensor | None) -> None:
     """Copy a batch's integer inputs into ``buffers`` and pad each tail, in one launch.
 
-    Token slots (``input_ids``, ``positions``, ``out_cache_loc``: ``[n]``;
-    ``mrope_positions``: ``[3, n]``) fill ``[0, n)`` and get their slot's pad value
-    in ``[n, pad_to)``; per-request slots (``seq_lens``, ``extend_start_loc``:
-    ``[b]``) fill ``[0, b)`` and are padded to the buffer's ``max_batch_size``;
-    ``num_tokens_non_padded`` becomes ``n``. Slots not given are left as they are.
+    One keyword per slot of :data:`~slabstage.staging.slots.SLOTS` that a batch gives
+    (``input_ids`` and ``positions`` always; ``out_cache_loc``, ``mrope_positions``,
+    ``seq_lens``, ``extend_start_loc``, ``prefix_lens``, ``req_indices`` when there).
+    Token slots (``[n]``; ``mrope_positions``: ``[3, n]``) fill ``[0, n)`` and get their
+    slot's pad value in ``[n, pad_to)``; per-request slots (``[b]``) fill ``[0, b)`` and
+    are padded to the buffer's ``max_batch_size``; ``num_tokens_non_padded`` becomes
+    ``n``. Slots not given are left as they are.
 
     Inputs are int32/int64 tensors on the buffers' device or on the host; host
     inputs travel to the device in the launch's parameter block (one non-blocking
@@ -35,6 +33,24 @@ def stage_token_inputs(
     destination slot is checked. Raises ``TypeError``/``ValueError`` before anything
     is written.
     """
-    src = Inputs(input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
-                 mrope_positions=mrope_positions, seq_lens=seq_lens, extend_start_loc=extend_start_loc)
-    Stager.for_buffers(buffers, embed=False).stage(src, pad_to)
+    if not _NAMES.issuperset(sources) or not all(name in sources for name in _NEEDED):
+        _bad_keywords(sources)
+    Stager.for_buffers(buffers, embed=False).stage(Inputs(**sources), pad_to)
+
+
+def _bad_keywords(sources: dict) -> None:
+    unknown = sorted(set(sources) - _NAMES)
+    if unknown:
+        raise TypeError(f"stage_token_inputs() got an unexpected keyword argument {unknown[0]!r}")
+    missing = [name for name in _NEEDED if name not in sources]
+    raise TypeError(f"stage_token_inputs() missing required keyword argument {missing[0]!r}")
+
+
+# the signature callers (and help()) see: one keyword per slot, the required ones without a default
+stage_token_inputs.__signature__ = inspect.Signature(
+    [inspect.Parameter("buffers", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, annotation="torch.Tensor")
+       for s in SOURCE_SLOTS if s.required]
+    + [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation="torch.Tensor | None")
+       for s in SOURCE_SLOTS if not s.required]
+    + [inspect.Parameter("pad_to", inspect.Parameter.KEYWORD_ONLY, annotation="int")])

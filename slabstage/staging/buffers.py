@@ -6,7 +6,7 @@ import torch
 
 from ..checks import FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_int
 from .registry import BufferRegistry
-from .slots import REQUESTS, ROWS, SLOTS, TOKENS
+from .slots import REQUESTS, ROWS, SLOTS, TOKENS, SlotSpec
 
 __all__ = ["StagingBuffers", "ERROR_WORD_SIZE", "new_error_word"]
 
@@ -58,7 +58,9 @@ class StagingBuffers:
     num_tokens_non_padded [1]                     int32                   none
     ================== ========================== ======================= ==========
 
-    Padded rows get zeros, except ``num_tokens_non_padded`` (written, never padded).
+    One attribute per slot of :data:`~slabstage.staging.slots.SLOTS` (``buffers.seq_lens``), plus
+    ``input_embeds``. Padded rows get each slot's pad value: zeros, except ``num_tokens_non_padded``
+    (written, never padded).
     :attr:`errors` is the device error word the staging kernels report into.
     Attribute access (``buffers.input_embeds``) reads the registry, so a slot
     replaced there is what every reader sees.
@@ -116,30 +118,13 @@ class StagingBuffers:
                     continue
                 if spec.kind != TOKENS and "input_embeds" not in reg:  # the slab after the token slots
                     reg.register("input_embeds", torch.zeros(T, W, dtype=embed_dtype, device=device))
-                dtype = dtypes.get(spec.name, spec.dtype)
-                if spec.kind == TOKENS:
-                    reg.register(spec.name, torch.zeros(T, dtype=dtype, device=device))
-                elif spec.kind == ROWS:
-                    reg.register(spec.name, torch.zeros(spec.rows, T, dtype=dtype, device=device), token_axis=1)
-                else:
-                    size, pad = (B, "zeros") if spec.kind == REQUESTS else (1, None)
-                    reg.register(spec.name, torch.zeros(size, dtype=dtype, device=device), token_axis=None, pad=pad)
+                shape, axis = {TOKENS: ((T,), 0), ROWS: ((spec.rows, T), 1), REQUESTS: ((B,), None)}.get(
+                    spec.kind, ((1,), None))
+                reg.register(spec.name, torch.zeros(shape, dtype=dtypes.get(spec.name, spec.dtype), device=device),
+                             token_axis=axis, pad=spec.pad)
         return cls(reg, max_num_tokens=T, max_batch_size=B, errors=new_error_word(device))
 
-    # slots, read through the registry
-    input_ids = property(lambda self: self.registry["input_ids"])
-    positions = property(lambda self: self.registry["positions"])
-    out_cache_loc = property(lambda self: self.registry["out_cache_loc"])
     input_embeds = property(lambda self: self.registry["input_embeds"])
-    seq_lens = property(lambda self: self.registry["seq_lens"])
-    extend_start_loc = property(lambda self: self.registry["extend_start_loc"])
-    prefix_lens = property(lambda self: self.registry["prefix_lens"])
-    req_indices = property(lambda self: self.registry["req_indices"])
-    num_tokens_non_padded = property(lambda self: self.registry["num_tokens_non_padded"])
-
-    @property
-    def mrope_positions(self) -> torch.Tensor | None:
-        return self.registry["mrope_positions"] if "mrope_positions" in self.registry else None
 
     @property
     def device(self) -> torch.device:
@@ -161,3 +146,16 @@ class StagingBuffers:
         return (f"StagingBuffers(max_num_tokens={self.max_num_tokens}, max_batch_size={self.max_batch_size}, "
                 f"embed_width={e.shape[1]}, embed_dtype={e.dtype}, device={e.device}, "
                 f"slots={list(self.registry)})")
+
+
+def _slot_property(spec: SlotSpec) -> property:
+    """``buffers.<slot>``: the slot's tensor, read through the registry (None for a switched-off slot)."""
+    name = spec.name
+    if spec.switch is None:
+        return property(lambda self: self.registry[name], doc=f"The {name!r} slot.")
+    return property(lambda self: self.registry[name] if name in self.registry else None,
+                    doc=f"The {name!r} slot (None unless allocated with {spec.switch}=True).")
+
+
+for _spec in SLOTS:  # one property per slot of slabstage.staging.slots.SLOTS
+    setattr(StagingBuffers, _spec.name, _slot_property(_spec))
