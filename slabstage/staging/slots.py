@@ -39,7 +39,8 @@ class SlotSpec(NamedTuple):
 SLOTS = (
     SlotSpec("input_ids", TOKENS, torch.int64, required=True, probe="ids"),
     SlotSpec("positions", TOKENS, torch.int64, required=True, probe="positions"),
-    SlotSpec("out_cache_loc", TOKENS, torch.int64, probe=None),  # dtype: allocate's cache_loc_dtype
+    SlotSpec("out_cache_loc", TOKENS, torch.int64),  # dtype: allocate's cache_loc_dtype; probe: slot 0, the
+    # KV cache's sink (capture writes no real request's slots)
     SlotSpec("mrope_positions", ROWS, torch.int64, rows=3, switch="mrope", probe="positions"),
     SlotSpec("seq_lens", REQUESTS, torch.int32, probe="count"),
     SlotSpec("extend_start_loc", REQUESTS, torch.int32),

@@ -114,3 +114,12 @@ def test_every_slot_is_in_the_capture_probe(mrope, device):
             got = got[:, :N] if spec.kind == ROWS else got[:N] if spec.kind == TOKENS else got[:1]
             assert torch.equal(got.cpu().long(), t.long()), spec.name
     assert int(buf.num_tokens_non_padded[0]) == N
+
+
+def test_the_capture_probe_writes_only_the_kv_caches_sink(device):
+    """Warm-up, capture and the check after it run the forward on the probe: a forward that writes a KV cache
+    at out_cache_loc must write slot 0 (the sink), not the slots the last real batch left in the buffers."""
+    buf = allocate(device)
+    buf.out_cache_loc.fill_(7)
+    probe = _probe(buf, N)
+    assert probe.out_cache_loc is not None and bool(probe.out_cache_loc.eq(0).all())
