@@ -23,14 +23,14 @@ from .destinations import INT_BITS, Destinations
 from .media import describe_media
 
 __all__ = ["Config", "configuration", "check_configuration", "FIELDS", "DEFAULTS", "SOURCES", "LAYOUT_SLOT",
-           "TABLE", "MEDIA", "INDEX", "EXPAND", "SCALE", "RANGE", "SIZE", "OWNER", "ELEM", "fields_of"]
+           "TABLE", "MEDIA", "INDEX", "EXPAND", "SCALE", "VOCAB_RANGE", "VOCAB_SIZE", "OWNER", "ELEM", "fields_of"]
 
 SOURCES = tuple(spec.name for spec in SOURCE_SLOTS)
 # a batch's fields (PrefillBatch's), and the defaults of those a caller may leave out
 DEFAULTS = dict.fromkeys(SOURCES) | dict(table=None, media=None, media_index=None, expand="zeros", text_scale=None,
                                          vocab_range=None, vocab_size=None, media_owner=True)
 FIELDS = tuple(DEFAULTS)
-TABLE, MEDIA, INDEX, EXPAND, SCALE, RANGE, SIZE, OWNER = range(len(SOURCES), len(FIELDS))
+TABLE, MEDIA, INDEX, EXPAND, SCALE, VOCAB_RANGE, VOCAB_SIZE, OWNER = range(len(SOURCES), len(FIELDS))
 LAYOUT_SLOT = SOURCES.index("mrope_positions")  # the slot whose source may be layouts (slabstage.MropeLayout)
 _fields = attrgetter(*FIELDS)
 _T = torch.Tensor
@@ -59,7 +59,7 @@ class Config:
         self.table, self.media, self.index = at.get(TABLE), at.get(MEDIA), at.get(INDEX)
         self.host_ids = host and devices[0] < 0
         self.host_index = self.index is not None and host and devices[self.index] < 0
-        self.block = None
+        self.template = None  # the words of a parameter block this configuration fixes (ParamsWriter)
 
 
 class _Form:

@@ -13,12 +13,12 @@ if triton is not None:
     def _load_rows(addr, start, cols, read, code, OUT: tl.constexpr, VEC: tl.constexpr, SOFT: tl.constexpr):
         """Values at ``start + cols`` of the array at byte address ``addr`` (dtype by ``code``), cast to ``OUT``,
         0 where not ``read``. (The alignment hint goes on the pointer: the analysis stops at int-to-pointer.)"""
-        if code == 2:
+        if code == K.FLOAT32_CODE:
             f32 = addr.to(tl.pointer_type(tl.float32))
             if VEC:
                 f32 = tl.multiple_of(f32, 16)
             x = cast_to(tl.load(f32 + start + cols, mask=read, other=0.0), OUT, SOFT)
-        elif code == 1:
+        elif code == K.BFLOAT16_CODE:
             b16 = addr.to(tl.pointer_type(tl.bfloat16))
             if VEC:
                 b16 = tl.multiple_of(b16, 16)
@@ -85,10 +85,11 @@ if triton is not None:
         m = tl.zeros(offs.shape, OUT)
         j = 0
         while j < nblocks:  # a while loop: the interpreter cannot range() over a runtime int
-            addr = tl.load(fields + 4 * j)
-            stride = tl.load(fields + 4 * j + 1)
-            lo = tl.load(fields + 4 * j + 2)
-            hi = tl.load(fields + 4 * j + 3)
+            f = fields + j * K.COLUMN_BLOCK_WORDS
+            addr = tl.load(f + K.C_ADDR)
+            stride = tl.load(f + K.C_STRIDE)
+            lo = tl.load(f + K.C_FIRST_COL)
+            hi = tl.load(f + K.C_END_COL)
             if on & (((lo < c0 + offs.shape[0]) & (hi > c0)) | wrap):  # a block the piece misses: 4 loads
                 read = on & col_ok & (cols >= lo) & (cols < hi)
                 m = tl.where(read, _load_rows(addr, row * stride - lo, cols, read, code, OUT, False, SOFT), m)
@@ -97,19 +98,20 @@ if triton is not None:
 
     @triton.jit
     def media_row_vec(fields, nblocks, row, width, code, col0, on, flags, WIDTH: tl.constexpr,
-                      GROUPS: tl.constexpr, OUT: tl.constexpr, SOFT: tl.constexpr):
+                      VECTORS: tl.constexpr, OUT: tl.constexpr, SOFT: tl.constexpr):
         """:func:`media_row` where the host promised whole 16-byte vectors (every address, row stride and block
-        bound): ``[GROUPS, 8]`` values, slab columns ``col0 + 8 * g + e``. A group of 8 columns lies in one
-        block, so its address is found first (the fields lie in the parameter block) and the piece is read in
+        bound): ``[VECTORS, 8]`` values, slab columns ``col0 + 8 * g + e``. A vector of 8 columns lies in one
+        column block, so its address is found first (the fields lie in the parameter block) and the piece is read in
         one load, whatever blocks it spans: their rows are read in one round trip, not one after another."""
-        g = tl.arange(0, GROUPS) * 8
+        g = tl.arange(0, VECTORS) * 8
         _, gcols = _source_cols(col0, g, width, (flags & K.F_MEDIA_TILED) != 0, False, True)
-        esize = tl.where(code == 2, 4, 2).to(tl.int64)
-        at = tl.zeros((GROUPS,), tl.int64)
+        esize = tl.where(code == K.FLOAT32_CODE, 4, 2).to(tl.int64)
+        at = tl.zeros((VECTORS,), tl.int64)
         j = 0
         while j < nblocks:
-            addr, stride = tl.load(fields + 4 * j), tl.load(fields + 4 * j + 1)
-            lo, hi = tl.load(fields + 4 * j + 2), tl.load(fields + 4 * j + 3)
+            f = fields + j * K.COLUMN_BLOCK_WORDS
+            addr, stride = tl.load(f + K.C_ADDR), tl.load(f + K.C_STRIDE)
+            lo, hi = tl.load(f + K.C_FIRST_COL), tl.load(f + K.C_END_COL)
             at = tl.where((gcols >= lo) & (gcols < hi), addr + (row * stride - lo + gcols) * esize, at)
             j += 1
         e = tl.arange(0, 8)
@@ -117,13 +119,13 @@ if triton is not None:
         # same over each group, which the 16-byte loads need)
         read = on & (col0 + g[:, None] + e[None, :] < WIDTH) & (gcols[:, None] < width)
         at = at[:, None] + (e * esize)[None, :]
-        if code == 2:
+        if code == K.FLOAT32_CODE:
             f32 = tl.max_contiguous(tl.multiple_of(at.to(tl.pointer_type(tl.float32)), [16, 16]), [1, 8])
             x = cast_to(tl.load(f32, mask=read, other=0.0), OUT, SOFT)
         else:  # fp16 and bf16 rows: one 16-bit load, its bits then read as the items' dtype
             u16 = tl.max_contiguous(tl.multiple_of(at.to(tl.pointer_type(tl.uint16)), [16, 16]), [1, 8])
             bits = tl.load(u16, mask=read, other=0)
-            if code == 1:
+            if code == K.BFLOAT16_CODE:
                 x = cast_to(bits.to(tl.bfloat16, bitcast=True), OUT, SOFT)
             else:
                 x = cast_to(bits.to(tl.float16, bitcast=True), OUT, SOFT)

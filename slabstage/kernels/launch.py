@@ -6,9 +6,9 @@ the runner's buffers (:meth:`Stager.for_buffers`), or those of a standalone op's
 pinned ring, the device block, the checked configurations) belongs to those destinations alone and is freed
 with it, once the device work it queued has finished. :meth:`Stager.prepare` checks a batch (nothing is
 written when that raises) and writes its parameter block into the next slot of the pinned ring
-(:class:`~slabstage.kernels.block.BlockWriter`). Then either :meth:`Stager.launch` moves the block into the
-stager's device block and queues the staging kernel, or a graph recorded by :meth:`Stager.record` is replayed
-through :meth:`Stager.replay`: it begins with the fetch kernel, which copies the block itself, so a replayed
+(:class:`~slabstage.kernels.block.ParamsWriter`). Then either :meth:`Stager.launch` moves it into the
+stager's device parameter block and queues the staging kernel, or a graph recorded by :meth:`Stager.record` is replayed
+through :meth:`Stager.replay`: it begins with the fetch kernel, which copies the parameter block itself, so a replayed
 step costs the host no copy call. On a CPU device without Triton's interpreter the PyTorch reference stages
 the checked batch instead.
 
@@ -30,12 +30,12 @@ import numpy as np
 import torch
 
 from ..staging.slots import NEEDED_SLOTS, REQUESTS, SLOTS, SOURCE_SLOTS
-from .block import MAX_ITEM_WORDS, BlockWriter
+from .block import MAX_ITEM_WORDS, ParamsWriter
 from .destinations import Destinations
 from .params import DEST_WORDS, HEADER_WORDS, INT_CODE, SOURCE_WORDS, PinnedRing
 from .reference import stage_reference
 from .runtime import launch_lock, next_pow2, use_triton
-from .stage_kernel import FETCH_CHUNK, TOK_BLOCK, fetch_kernel, launch_settings, stage_kernel
+from .stage_kernel import FETCH_CHUNK, TOKEN_ROWS, fetch_kernel, launch_settings, stage_kernel
 from .configuration import DEFAULTS
 from .validate import Checked, check_batch
 
@@ -100,7 +100,7 @@ def _retire(held: tuple, where: list) -> None:
     _sweep()
 
 
-class Stager(BlockWriter):
+class Stager(ParamsWriter):
     """Stages batches into ``dst`` through the one kernel; see the module docstring.
 
     The piece of a slab row one program writes comes from the slab's width and dtype
@@ -118,10 +118,10 @@ class Stager(BlockWriter):
         self.constexprs, self.num_warps = launch_settings(None if slab is None else slab.shape[1],
                                                           None if slab is None else slab.element_size(),
                                                           self.num_slots, req)
-        self.block, self.cols = self.constexprs["BLOCK"], self.constexprs["COL_BLOCKS"]
+        self.program_cols, self.row_programs = self.constexprs["BLOCK"], self.constexprs["ROW_PROGRAMS"]
         self.width = 0 if slab is None else slab.shape[1]  # (the slab's width: every slab a stager serves has it)
         self._items_at = HEADER_WORDS + (SOURCE_WORDS + DEST_WORDS) * self.num_slots
-        # words of host integer inputs in a block (dst.host: they travel in it): per token, and fixed
+        # words of host integer inputs in a parameter block (dst.host: they travel in it): per token, and fixed
         self._host_per_token = sum(spec.rows for spec, t in zip(SOURCE_SLOTS, dst.slots) if t is not None
                                    and spec.kind != REQUESTS) + 1 if dst.host else 0  # (+1: media_index)
         self._host_fixed = 2 * len(SLOTS) + 2 * dst.batch_cap if dst.host else 0  # requests, 16-byte alignment
@@ -146,7 +146,7 @@ class Stager(BlockWriter):
         self._index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
         self._dest = self._dest_words(dst)
         at = HEADER_WORDS + SOURCE_WORDS * self.num_slots
-        for k in range(self.ring.k):  # the destinations' half of every block: written once, never again
+        for k in range(self.ring.k):  # the destinations' half of every parameter block: written once, never again
             start = k * self.ring.slot_words + at
             self.ring.words[start:start + self._dest.size] = self._dest
         _LIVE.add(self)
@@ -155,11 +155,11 @@ class Stager(BlockWriter):
             done.atexit = False  # (at exit the process frees it all)
 
     def words_for(self, tokens: int) -> int:
-        """The most words a block of a batch of ``tokens`` tokens takes."""
+        """The most words a parameter block of a batch of ``tokens`` tokens takes."""
         return self._items_at + MAX_ITEM_WORDS + self._host_per_token * tokens + self._host_fixed
 
     def _dest_words(self, dst: Destinations) -> np.ndarray:
-        """The destinations' half of a block: per slot its address, dtype, stride, pad value and shape."""
+        """The destinations' half of a parameter block: per slot its address, dtype, stride, pad value and shape."""
         dest = np.zeros(DEST_WORDS * self.num_slots, dtype=np.int64)
         for s, (spec, t, fill) in enumerate(zip(SLOTS[:self.num_slots], dst.slots, dst.fills)):
             if t is not None:
@@ -169,17 +169,17 @@ class Stager(BlockWriter):
         return dest
 
     # -- a batch ------------------------------------------------------------------------------
-    def prepare(self, src, pad_to, *, own_block: bool = False) -> Checked:
+    def prepare(self, src, pad_to, *, own_params: bool = False) -> Checked:
         """Check ``src`` and write its parameter block into the ring (on the reference path: nothing but the
-        check). Raises before anything is written. ``own_block``: a block of its own, kept for good (a caller
-        capturing the launch in its own graph: each replay copies this block again)."""
+        check). Raises before anything is written. ``own_params``: a parameter block of its own, kept for good (a caller
+        capturing the launch in its own graph: each replay copies it again)."""
         c = check_batch(self.dst, src, pad_to, self.configs)
         reads = c.media.entries if c.media is not None else None
-        if reads is not None and own_block:
+        if reads is not None and own_params:
             raise ValueError("media of EncoderCache entries cannot be staged inside a graph the caller captures "
                              "(its replays would read entries the cache may have evicted): stage tensors there")
         if self.triton:
-            self._write(c, own_block)
+            self._write(c, own_params)
         self._reads = reads
         return c
 
@@ -190,7 +190,7 @@ class Stager(BlockWriter):
             reads[0].reads.note(reads[1], stream=self._where)  # (the stream _order just found: no CUDA call)
 
     def launch(self, c: Checked, pad_to: int) -> None:
-        """Move the prepared block into the device block and queue the kernel for ``pad_to`` rows; on the
+        """Move the prepared parameter block into the device one and queue the kernel for ``pad_to`` rows; on the
         reference path stage ``c`` in PyTorch."""
         if not self.triton:
             stage_reference(self.dst, c)
@@ -199,7 +199,7 @@ class Stager(BlockWriter):
         if not grid:
             return
         step, at, words = self._pending
-        if self._now is not self.params:  # a block of its own: its copy was queued with it
+        if self._now is not self.params:  # a parameter block of its own: its copy was queued with it
             self._kernel(grid, self._now)
             return
         if self.dst.device.type == "cuda":
@@ -216,7 +216,7 @@ class Stager(BlockWriter):
         self._note_reads()
 
     def record(self, pad_to: int) -> None:
-        """Record into the graph being captured the fetch of the next prepared block and the kernel over it
+        """Record into the graph being captured the fetch of the next prepared parameter block and the kernel over it
         for ``pad_to`` rows. A replay of that graph stages whatever :meth:`prepare` wrote last: replay it with
         :meth:`replay`."""
         self._fetch(-(-self.words_for(pad_to) // FETCH_CHUNK))
@@ -249,7 +249,7 @@ class Stager(BlockWriter):
         return self._where[1]
 
     def _grid(self, pad_to: int) -> int:
-        grid = pad_to * self.cols if self.dst.slab is not None else -(-pad_to // TOK_BLOCK)
+        grid = pad_to * self.row_programs if self.dst.slab is not None else -(-pad_to // TOKEN_ROWS)
         return max(grid, 1) if self.num_slots else grid  # program 0 writes the token count, the requests
 
     def _kernel(self, grid: int, params: torch.Tensor) -> None:
@@ -269,7 +269,7 @@ class Stager(BlockWriter):
         capturing a graph)."""
         with self.lock:
             capturing = self.triton and self.dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-            c = self.prepare(src, pad_to, own_block=capturing)
+            c = self.prepare(src, pad_to, own_params=capturing)
             self.launch(c, c.pad_to)
             return c
 
@@ -281,7 +281,7 @@ class Stager(BlockWriter):
             self.dst = dst
             try:
                 capturing = self.triton and dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-                c = self.prepare(src, pad_to, own_block=capturing)
+                c = self.prepare(src, pad_to, own_params=capturing)
                 self.launch(c, c.pad_to)
                 return c
             finally:

@@ -45,7 +45,7 @@ class MediaPlan(NamedTuple):
     dtype: torch.dtype
     starts: list  # first media row of each item
     fields: list  # (address, row stride, first column, end column) per item and block
-    blocks: int  # column blocks per item in ``fields`` (an item with fewer is padded)
+    column_blocks: int  # column blocks per item in ``fields`` (an item with fewer is padded)
     vec: bool  # every address, row stride and block column in whole 16-byte vectors
     lows: list  # the bytes every block read spans (a block with rows and columns): first,
     highs: list  # and end

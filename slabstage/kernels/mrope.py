@@ -30,11 +30,13 @@ from ..checks import INT64_MAX, check_float32, check_int, is_int
 
 __all__ = ["MropeLayout", "check_layouts", "mrope_segments", "mrope_from_segments", "SEGMENT_WORDS"]
 
-SEGMENT_WORDS = 8  # (first row, base, area, columns, first offset, interval code, interval, 0)
+# a segment's words: its first row, base, area, columns, first offset, interval code, interval (then one spare)
+SEG_FIRST_ROW, SEG_BASE, SEG_AREA, SEG_COLUMNS, SEG_OFFSET, SEG_CODE, SEG_INTERVAL = range(7)
+SEGMENT_WORDS = 8
 # interval codes: how the temporal offset floor(i * interval) is computed, as torch computes
 # ``arange(t) * interval`` for an interval of that kind (an int; a float32; a float64)
-I_INT, I_F32, I_F64 = 0, 1, 2
-_FLOAT_CODE = {torch.float32: I_F32, torch.float64: I_F64}
+INTERVAL_INT, INTERVAL_F32, INTERVAL_F64 = 0, 1, 2
+_FLOAT_CODE = {torch.float32: INTERVAL_F32, torch.float64: INTERVAL_F64}
 
 
 class MropeLayout(NamedTuple):
@@ -91,7 +93,7 @@ def _as_list(values, what: str) -> list:
 def _intervals(intervals, count: int, where: str) -> list[tuple[int, int]]:
     """``(code, value word)`` per item: an int interval as itself, a float one as its float32 or float64 bits."""
     if intervals is None:
-        return [(I_INT, 1)] * count
+        return [(INTERVAL_INT, 1)] * count
     if isinstance(intervals, torch.Tensor):
         if intervals.dim() != 1 or intervals.shape[0] != count:
             raise ValueError(f"{where} intervals has shape {tuple(intervals.shape)}, expected [{count}] (one per item)")
@@ -99,7 +101,7 @@ def _intervals(intervals, count: int, where: str) -> list[tuple[int, int]]:
             code = _FLOAT_CODE[intervals.dtype]
             values = intervals.tolist()
         elif not (intervals.dtype.is_floating_point or intervals.dtype.is_complex or intervals.dtype == torch.bool):
-            return [(I_INT, check_int(f"{where} intervals[{j}]", v)) for j, v in enumerate(intervals.tolist())]
+            return [(INTERVAL_INT, check_int(f"{where} intervals[{j}]", v)) for j, v in enumerate(intervals.tolist())]
         else:
             raise TypeError(f"{where} intervals must be an integer, float32 or float64 tensor, got {intervals.dtype}")
         out = []
@@ -119,40 +121,40 @@ def _intervals(intervals, count: int, where: str) -> list[tuple[int, int]]:
             elif v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
                 raise TypeError(f"{where} intervals[{j}] is a {v.dtype} tensor: give an int, float32 or float64")
             else:
-                out.append((I_INT, check_int(f"{where} intervals[{j}]", v.item(), lo=-INT64_MAX - 1)))
+                out.append((INTERVAL_INT, check_int(f"{where} intervals[{j}]", v.item(), lo=-INT64_MAX - 1)))
                 continue
         elif is_int(v):
-            out.append((I_INT, check_int(f"{where} intervals[{j}]", v, lo=-INT64_MAX - 1)))
+            out.append((INTERVAL_INT, check_int(f"{where} intervals[{j}]", v, lo=-INT64_MAX - 1)))
             continue
         elif isinstance(v, float):
-            code, f = I_F32, v  # a Python float: torch multiplies an int64 arange by it in float32
+            code, f = INTERVAL_F32, v  # a Python float: torch multiplies an int64 arange by it in float32
         else:
             raise TypeError(f"{where} intervals[{j}] must be an int or a float, got {v!r} ({type(v).__name__})")
         if not math.isfinite(f):
             raise ValueError(f"{where} intervals[{j}] is {f}: must be finite")
-        if code == I_F32:
+        if code == INTERVAL_F32:
             check_float32(f"{where} intervals[{j}]", f)
         out.append((code, _bits(f, code)))
     return out
 
 
 def _bits(v: float, code: int) -> int:
-    if code == I_F32:
+    if code == INTERVAL_F32:
         return struct.unpack("<i", struct.pack("<f", v))[0]
     return struct.unpack("<q", struct.pack("<d", v))[0]
 
 
 def _value(code: int, word: int) -> float:
-    if code == I_F32:
+    if code == INTERVAL_F32:
         return struct.unpack("<f", struct.pack("<i", word))[0]
     return struct.unpack("<d", struct.pack("<q", word))[0]
 
 
 def _temporal(i: int, code: int, word: int) -> int:
     """``floor(i * interval)`` computed as the kernel computes it (truncation of a float32 or float64 product)."""
-    if code == I_INT:
+    if code == INTERVAL_INT:
         return i * word
-    if code == I_F32:
+    if code == INTERVAL_F32:
         with np.errstate(over="ignore"):
             f = float(np.float32(i) * np.float32(_value(code, word)))
     else:
@@ -244,7 +246,7 @@ def _request(words: list, items: list, row0: int, offset: int, tokens: int) -> t
             break
         a, b = max(prev, lo), min(start, hi)  # the text before the item
         if a < b:
-            words += (a + shift, delta - shift, 0, 1, 0, I_INT, 0, 0)
+            words += (a + shift, delta - shift, 0, 1, 0, INTERVAL_INT, 0, 0)
             low, high = _span(low, high, a + delta, b - 1 + delta)
         base = start + delta
         a, b = max(start, lo), min(end, hi)
@@ -256,7 +258,7 @@ def _request(words: list, items: list, row0: int, offset: int, tokens: int) -> t
         delta, prev = base + max(lh, lw) - end, end
     a = max(prev, lo)
     if a < hi:
-        words += (a + shift, delta - shift, 0, 1, 0, I_INT, 0, 0)
+        words += (a + shift, delta - shift, 0, 1, 0, INTERVAL_INT, 0, 0)
         low, high = _span(low, high, a + delta, hi - 1 + delta)
     return low, high
 
@@ -271,16 +273,17 @@ def mrope_from_segments(words: Sequence[int], n: int, device=None) -> torch.Tens
     device = torch.device("cpu") if device is None else torch.device(device)
     segs = torch.tensor(words, dtype=torch.int64, device=device).view(-1, SEGMENT_WORDS)
     rows = torch.arange(n, dtype=torch.int64, device=device)
-    seg = torch.searchsorted(segs[:, 0].contiguous(), rows, right=True) - 1
-    row0, base, area, lw, q0, code, word = (segs[seg, k] for k in range(7))
+    seg = torch.searchsorted(segs[:, SEG_FIRST_ROW].contiguous(), rows, right=True) - 1
+    row0, base, area, lw, q0, code, word = (segs[seg, k] for k in (SEG_FIRST_ROW, SEG_BASE, SEG_AREA, SEG_COLUMNS,
+                                                                   SEG_OFFSET, SEG_CODE, SEG_INTERVAL))
     text = area == 0
     q = rows - row0 + q0
     area, lw = torch.where(text, 1, area), torch.where(text, 1, lw)
     i = q // area
-    f32 = torch.where(code == I_F32, word, 0).to(torch.int32).view(torch.float32)  # (others: 0.0)
-    f64 = torch.where(code == I_F64, word, 0).view(torch.float64)
-    temporal = torch.where(code == I_INT, i * word,
-                           torch.where(code == I_F32, (i.to(torch.float32) * f32).to(torch.int64),
+    f32 = torch.where(code == INTERVAL_F32, word, 0).to(torch.int32).view(torch.float32)  # (others: 0.0)
+    f64 = torch.where(code == INTERVAL_F64, word, 0).view(torch.float64)
+    temporal = torch.where(code == INTERVAL_INT, i * word,
+                           torch.where(code == INTERVAL_F32, (i.to(torch.float32) * f32).to(torch.int64),
                                        (i.to(torch.float64) * f64).to(torch.int64)))
     out = torch.stack([base + temporal, base + (q % area) // lw, base + q % lw])
     return torch.where(text, rows + base, out)

@@ -5,22 +5,24 @@ eager path, ``stage_embeddings``, ``stage_token_inputs``, the custom ops). Its
 runtime arguments are fixed for a set of destinations: the parameter block, the
 error word, the slab. Everything a batch changes (``n``, ``pad_to``, the sources'
 addresses and dtypes, vocabulary bounds, ``text_scale``, the media items) is data
-in the block (:mod:`slabstage.kernels.params`), so a captured launch serves every
+in the parameter block (:mod:`slabstage.kernels.params`, whose names the kernel reads
+through :mod:`slabstage.kernels.consts`), so a captured launch serves every
 batch. Constexprs are what the destinations fix: the slab's width and dtype, the
-piece of a row one program writes, how many integer slots there are.
+columns of a row one program writes (``BLOCK``, Triton's block size), how many integer
+slots there are.
 
-Grid: with ``EMBED``, ``pad_to * COL_BLOCKS`` programs (or more: programs past
+Grid: with ``EMBED``, ``pad_to * ROW_PROGRAMS`` programs (or more: programs past
 ``pad_to`` write nothing), one per ``BLOCK`` columns of a slab row. The integer
 slot rows come from the grid's first programs: program ``i`` also writes rows
-``[i * TOK_BLOCK, (i + 1) * TOK_BLOCK)`` of each integer slot, so that those chains of
+``[i * TOKEN_ROWS, (i + 1) * TOKEN_ROWS)`` of each integer slot, so that those chains of
 dependent loads (an mrope row's binary search, a source's rows one after another) run
 in the launch's first wave and never lengthen its last. Without ``EMBED``, one program
-per ``TOK_BLOCK`` rows. Program 0 writes the per-request slots and the token count,
+per ``TOKEN_ROWS`` rows. Program 0 writes the per-request slots and the token count,
 and stores the step number into the ring's ``done`` word.
 
 A program's row is media, text or zeros (padding, a refused id or media index,
 media another rank owns): one arm runs. Sources of any dtype the host accepts are
-read through their address with the dtype the block names (a uniform branch per
+read through their address with the dtype the parameter block names (a uniform branch per
 program). Where the host found every address, row stride and bound in whole 16-byte
 vectors (``F_TEXT_VEC``, ``F_MEDIA_VEC``) the loads carry that promise and compile
 to 16-byte loads; otherwise the arm walks its piece ``PIECE`` columns at a time.
@@ -36,11 +38,11 @@ from __future__ import annotations
 
 from . import consts as K
 from .embed_rows import media_row, media_row_vec, text_row
-from .params import FETCH_CHUNK, ITEM_CHUNK, TOK_BLOCK
+from .params import FETCH_CHUNK, ITEM_CHUNK, TOKEN_ROWS
 from .runtime import next_pow2, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
-__all__ = ["stage_kernel", "fetch_kernel", "launch_settings", "TOK_BLOCK", "ITEM_CHUNK", "FETCH_CHUNK"]
+__all__ = ["stage_kernel", "fetch_kernel", "launch_settings", "TOKEN_ROWS", "ITEM_CHUNK", "FETCH_CHUNK"]
 
 
 def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, req_rows: int) -> tuple[dict, int]:
@@ -51,7 +53,7 @@ def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, r
     else:
         block, num_warps = row_launch_config(width, elem_bytes)
         piece = min(block, 32 * num_warps * 8 // elem_bytes)  # unpromised loads: 8 bytes a thread at a time
-    return dict(EMBED=width is not None, WIDTH=width or 1, BLOCK=block, COL_BLOCKS=-(-(width or 1) // block),
+    return dict(EMBED=width is not None, WIDTH=width or 1, BLOCK=block, ROW_PROGRAMS=-(-(width or 1) // block),
                 NUM_SLOTS=num_slots, REQ_BLOCK=next_pow2(req_rows), PIECE=piece), num_warps
 
 
@@ -60,39 +62,39 @@ if triton is not None:
 
     @triton.jit
     def stage_kernel(params_ptr, errors_ptr, slab_ptr,
-                     EMBED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, COL_BLOCKS: tl.constexpr,
+                     EMBED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, ROW_PROGRAMS: tl.constexpr,
                      NUM_SLOTS: tl.constexpr, REQ_BLOCK: tl.constexpr, PIECE: tl.constexpr):
         tl.static_assert(_KEY >= 0)  # (reads the layout constants' checksum: see slabstage.kernels.consts)
         pid = tl.program_id(0)
         n = tl.load(params_ptr + K.H_N)
         pad_to = tl.load(params_ptr + K.H_PAD_TO)  # rows past it are left alone: a grid may cover more
-        if pid == 0:  # the step's block has been read: the fetch and the host may move on
+        if pid == 0:  # the step's parameter block has been read: the fetch and the host may move on
             step = tl.load(params_ptr + K.H_STEP)
             tl.store(tl.load(params_ptr + K.H_COUNTER).to(tl.pointer_type(tl.int64)), step)
             tl.store(tl.load(params_ptr + K.H_DONE).to(tl.pointer_type(tl.int64)), step)
         if EMBED:
-            row = (pid // COL_BLOCKS).to(tl.int64)
-            col0 = ((pid % COL_BLOCKS) * BLOCK).to(tl.int64)
+            row = (pid // ROW_PROGRAMS).to(tl.int64)
+            col0 = ((pid % ROW_PROGRAMS) * BLOCK).to(tl.int64)
         if NUM_SLOTS > 0:
-            # program i writes the integer rows of token block i: the grid's first programs take them all, so
-            # that their chains of dependent loads run in the launch's first wave, never lengthen its last
-            tok0 = pid.to(tl.int64) * K.TOK_BLOCK
-            if tok0 < tl.maximum(pad_to, 1):  # (block 0 always: it writes the token count)
-                offs_t = tok0 + tl.arange(0, K.TOK_BLOCK)
+            # program i writes integer rows [i * TOKEN_ROWS, (i + 1) * TOKEN_ROWS): the grid's first programs take
+            # them all, so that their chains of dependent loads run in the launch's first wave, never lengthen its last
+            tok0 = pid.to(tl.int64) * K.TOKEN_ROWS
+            if tok0 < tl.maximum(pad_to, 1):  # (program 0 always: it writes the token count)
+                offs_t = tok0 + tl.arange(0, K.TOKEN_ROWS)
                 for s in tl.static_range(NUM_SLOTS):
-                    sd = params_ptr + K.HEADER + s * K.SRC_WORDS
-                    dd = params_ptr + K.HEADER + NUM_SLOTS * K.SRC_WORDS + s * K.DST_WORDS
+                    sd = params_ptr + K.HEADER_WORDS + s * K.SOURCE_WORDS
+                    dd = params_ptr + K.HEADER_WORDS + NUM_SLOTS * K.SOURCE_WORDS + s * K.DEST_WORDS
                     kind = tl.load(dd + K.D_KIND)
-                    if tl.load(dd + K.D_DTYPE) != 0:  # a slot this stager writes
+                    if tl.load(dd + K.D_DTYPE) != K.NO_INPUT:  # a slot this stager writes
                         if kind == K.COUNT:
                             if tok0 == 0:
                                 store_ints(tl.load(dd + K.D_ADDR), tl.load(dd + K.D_DTYPE), 0, n, True)
-                        elif tl.load(sd + K.S_DTYPE) != 0:  # a source this batch gives
+                        elif tl.load(sd + K.S_DTYPE) != K.NO_INPUT:  # a source this batch gives
                             if kind == K.REQUESTS:
                                 if tok0 == 0:
                                     copy_pad(sd, dd, errors_ptr, tl.arange(0, REQ_BLOCK), tl.load(params_ptr + K.H_B),
                                               tl.load(dd + K.D_LENGTH), 0)
-                            elif tl.load(sd + K.S_DTYPE) == K.LAYOUT:  # mrope positions from their layout
+                            elif tl.load(sd + K.S_DTYPE) == K.LAYOUT_CODE:  # mrope positions from their layout
                                 mrope_rows(sd, dd, errors_ptr, offs_t, n, pad_to)
                             else:
                                 r = 0
@@ -106,17 +108,17 @@ if triton is not None:
             # the header words that sort the row, loaded before any branch (one round trip to the cache); an
             # arm loads its own from the lines these brought in, so that only the arm that runs holds them
             flags = tl.load(params_ptr + K.H_FLAGS).to(tl.int32)
-            ids, ids_code = tl.load(params_ptr + K.H_IDS), tl.load(params_ptr + K.H_IDS_DT).to(tl.int32)
-            index, index_code = tl.load(params_ptr + K.H_INDEX), tl.load(params_ptr + K.H_INDEX_DT).to(tl.int32)
-            vocab_start, vocab_end = tl.load(params_ptr + K.H_VS), tl.load(params_ptr + K.H_VE)
-            vocab_size, num_media = tl.load(params_ptr + K.H_VZ), tl.load(params_ptr + K.H_NUM_MEDIA)
+            ids, ids_code = tl.load(params_ptr + K.H_IDS), tl.load(params_ptr + K.H_IDS_DTYPE).to(tl.int32)
+            index, index_code = tl.load(params_ptr + K.H_INDEX), tl.load(params_ptr + K.H_INDEX_DTYPE).to(tl.int32)
+            vocab_start, vocab_end = tl.load(params_ptr + K.H_VOCAB_START), tl.load(params_ptr + K.H_VOCAB_END)
+            vocab_size, num_media = tl.load(params_ptr + K.H_VOCAB_SIZE), tl.load(params_ptr + K.H_NUM_MEDIA)
 
             offs = tl.arange(0, BLOCK)
             cols = col0 + offs
             col_ok = cols < WIDTH
             live = row < n  # rows in [n, pad_to) are padding: zeros, nothing read
             tok = ints(ids, ids_code, row, live, 0)
-            mi = ints(index, index_code, row, live & (index_code != 0), -1)  # code 0: the batch has no index
+            mi = ints(index, index_code, row, live & (index_code != K.NO_INPUT), -1)  # the batch may have no index
             is_media = live & (mi >= 0)
             is_text = live & (mi < 0)
             bad_id = is_text & ((tok < 0) | (tok >= vocab_size))
@@ -124,7 +126,7 @@ if triton is not None:
             read_text = is_text & (tok >= vocab_start) & (tok < vocab_end) & (tok < vocab_size)
 
             flag = (bad_id | bad_media) & (col0 == 0)  # one report per row
-            tl.atomic_or(errors_ptr, tl.where(bad_id, K.BAD_ID, K.BAD_MEDIA), mask=flag)
+            tl.atomic_or(errors_ptr, tl.where(bad_id, K.BAD_TOKEN_ID, K.BAD_MEDIA_INDEX), mask=flag)
             tl.atomic_add(errors_ptr + 1, 1, mask=flag)
             tl.atomic_min(errors_ptr + 2, row.to(tl.int32), mask=flag)
 
@@ -136,7 +138,8 @@ if triton is not None:
                 read_media = is_media & (mi < num_media) & ((flags & K.F_MEDIA) != 0)  # else a media row is zeros
                 if read_media:
                     num_items, nblocks = tl.load(params_ptr + K.H_NUM_ITEMS), tl.load(params_ptr + K.H_ITEM_BLOCKS)
-                    mcode, mwidth = tl.load(params_ptr + K.H_MDTYPE).to(tl.int32), tl.load(params_ptr + K.H_MWIDTH)
+                    mcode = tl.load(params_ptr + K.H_MEDIA_DTYPE).to(tl.int32)
+                    mwidth = tl.load(params_ptr + K.H_MEDIA_WIDTH)
                     items = params_ptr + tl.load(params_ptr + K.H_ITEMS)
                     # the media row's item: how many items start at or before it, minus one
                     item = tl.zeros((), tl.int64)
@@ -150,44 +153,45 @@ if triton is not None:
                             c += K.ITEM_CHUNK
                         item = tl.maximum(item, 0)
                     in_item = mi - tl.load(items + item)
-                    fields = items + num_items + item * (nblocks * 4)
+                    fields = items + num_items + item * (nblocks * K.COLUMN_BLOCK_WORDS)  # its column blocks' fields
                     if (flags & K.F_MEDIA_VEC) != 0:
-                        # (a piece under 8 columns is a whole row: its one group's store stops at WIDTH)
-                        GROUPS: tl.constexpr = (BLOCK + 7) // 8
+                        # (a piece under 8 columns is a whole row: its one vector's store stops at WIDTH)
+                        VECTORS: tl.constexpr = (BLOCK + 7) // 8
                         m = media_row_vec(fields, nblocks, in_item, tl.multiple_of(mwidth, 8), mcode, col0, read_media,
-                                          flags, WIDTH, GROUPS, OUT, K.SOFT)
-                        at = col0 + tl.arange(0, GROUPS)[:, None] * 8 + tl.arange(0, 8)[None, :]
+                                          flags, WIDTH, VECTORS, OUT, K.SOFT_CASTS)
+                        at = col0 + tl.arange(0, VECTORS)[:, None] * 8 + tl.arange(0, 8)[None, :]
                         tl.store(dst + at, m, mask=at < WIDTH)
                     else:
                         for p in range(0, BLOCK, PIECE):
                             po = tl.arange(0, PIECE)
                             ok = col0 + p + po < WIDTH
                             m = media_row(fields, nblocks, in_item, mwidth, mcode, col0 + p, po, read_media, ok, flags,
-                                          OUT, K.SOFT)
+                                          OUT, K.SOFT_CASTS)
                             tl.store(dst + col0 + p + po, m, mask=ok)
                 elif read_text:
-                    table, tstride = tl.load(params_ptr + K.H_TABLE), tl.load(params_ptr + K.H_TSTRIDE)
-                    twidth, tcode = tl.load(params_ptr + K.H_TWIDTH), tl.load(params_ptr + K.H_TDTYPE).to(tl.int32)
+                    table, tstride = tl.load(params_ptr + K.H_TABLE), tl.load(params_ptr + K.H_TABLE_STRIDE)
+                    twidth = tl.load(params_ptr + K.H_TABLE_WIDTH)
+                    tcode = tl.load(params_ptr + K.H_TABLE_DTYPE).to(tl.int32)
                     scale = tl.load(params_ptr + K.H_SCALE).to(tl.int32).to(tl.float32, bitcast=True)
                     rel = tok - vocab_start
                     if (flags & K.F_TEXT_VEC) != 0:
                         t = text_row(table, rel, tl.multiple_of(tstride, 8), tl.multiple_of(twidth, 8), tcode, col0,
-                                      offs, col_ok, flags, scale, OUT, True, K.SOFT)
+                                      offs, col_ok, flags, scale, OUT, True, K.SOFT_CASTS)
                         tl.store(dst + cols, t, mask=col_ok)
                     else:
                         for p in range(0, BLOCK, PIECE):
                             po = tl.arange(0, PIECE)
                             ok = col0 + p + po < WIDTH
                             t = text_row(table, rel, tstride, twidth, tcode, col0 + p, po, ok, flags, scale, OUT,
-                                          False, K.SOFT)
+                                          False, K.SOFT_CASTS)
                             tl.store(dst + col0 + p + po, t, mask=ok)
                 else:  # padding, a bad or another rank's id, a bad media index, media another rank owns
                     tl.store(dst + cols, tl.zeros((BLOCK,), OUT), mask=col_ok)
 
     @triton.jit
     def fetch_kernel(ring_ptr, counter_ptr, params_ptr, slot_words, k, CHUNK: tl.constexpr):
-        """Copy the next step's block from the pinned ring into the device block: slot ``(counter + 1) % k``,
-        its first ``H_WORDS`` words; ``CHUNK`` words a program (the programs past the block's end copy
+        """Copy the next step's parameter block from the pinned ring into the device one: slot
+        ``(counter + 1) % k``, its first ``H_WORDS`` words; ``CHUNK`` words a program (the programs past its end copy
         nothing). The first launch of every captured graph."""
         tl.static_assert(_KEY >= 0)
         src = ring_ptr + ((tl.load(counter_ptr) + 1) % k) * slot_words

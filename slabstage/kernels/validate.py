@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 from ..checks import F32_MAX, INT32_MAX, check_float32, check_int, check_tensor, check_values, vocab_bounds
 from ..staging.slots import REQUESTS, ROWS
-from .configuration import (ELEM, EXPAND, INDEX, LAYOUT_SLOT, MEDIA, OWNER, RANGE, SCALE, SIZE, SOURCES, TABLE,
-                            Config, configuration, fields_of)
+from .configuration import (ELEM, EXPAND, INDEX, LAYOUT_SLOT, MEDIA, OWNER, SCALE, SOURCES, TABLE, VOCAB_RANGE,
+                            VOCAB_SIZE, Config, configuration, fields_of)
 from .destinations import Destinations
 from .media import MediaPlan, describe_media, one_tensor_plan
 from .mrope import SEGMENT_WORDS, check_layouts, mrope_segments
@@ -126,10 +126,10 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     scale = vals[SCALE]
     if scale is not None and not (type(scale) is float and math.isfinite(scale) and abs(scale) <= F32_MAX):
         scale = check_float32("text_scale", scale)
-    if vals[RANGE] is None and vals[SIZE] is None and rows <= INT32_MAX:
+    if vals[VOCAB_RANGE] is None and vals[VOCAB_SIZE] is None and rows <= INT32_MAX:
         bounds = (0, rows, rows)
     else:
-        bounds = vocab_bounds(vals[RANGE], vals[SIZE], rows)
+        bounds = vocab_bounds(vals[VOCAB_RANGE], vals[VOCAB_SIZE], rows)
     _check_room(plan, segments)
     if rows and tw:
         spans += ("table", ptrs[t], ptrs[t] + ((rows - 1) * strides[t][0] + tw) * ELEM[dtypes[t]])
@@ -179,7 +179,7 @@ def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
     item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
     seg_words = 0 if segments is None else len(segments)
     if item_words + seg_words > MAX_ITEM_WORDS:
-        what = f"media has {len(plan.starts)} items of {plan.blocks} column blocks" if plan is not None else ""
+        what = f"media has {len(plan.starts)} items of {plan.column_blocks} column blocks" if plan is not None else ""
         if seg_words:
             what += (" and " if what else "") + f"the mrope layouts make {seg_words // SEGMENT_WORDS} segments"
         raise ValueError(f"{what}: their lists take {item_words + seg_words} words, at most {MAX_ITEM_WORDS} "
