@@ -1,5 +1,5 @@
 """The staging kernel's embedding rows: a text row from the table, a media row from its item's column blocks,
-read in the block's dtype and cast to the slab's (vector loads where the host promised whole vectors)."""
+read in its source's dtype and cast to the slab's (vector loads where the host promised whole vectors)."""
 
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ if triton is not None:
             x = cast_to(tl.load(f16 + start + cols, mask=read, other=0.0), OUT, SOFT)
         return x
 
-    # VEC: the host found every address in 16 bytes and every row stride, width and block bound in whole
+    # VEC: the host found every address in 16 bytes and every row stride, width and column-block bound in whole
     # 8-element units, so the loads say so and compile to 16-byte loads. A hint must sit on a value made in
     # the function that gives it (it does not reach through an argument): the pointers are made and hinted
-    # inside the instance that promises (one per VEC value, in the two arms of a branch on the block's
+    # inside the instance that promises (one per VEC value, in the two arms of a branch on the parameter block's
     # switch); the strides and widths the kernel loaded are hinted where it loads them, which the other
     # instance sees too, harmlessly: its pointers promise nothing, so its loads stay one element wide.
 
@@ -78,8 +78,8 @@ if triton is not None:
     def media_row(fields, nblocks, row, width, code, col0, offs, on, col_ok, flags, OUT: tl.constexpr,
                    SOFT: tl.constexpr):
         """Slab columns ``col0 + offs`` of one media row (read only when ``on``): row ``row`` of each column
-        block of its item (``fields``: the item's ``(address, row stride, first column, end column)`` per
-        block, read whatever ``on``: they lie in the parameter block). One-element loads: no promise made."""
+        block of its item (``fields``: the item's ``C_*`` fields, address, row stride, first and end column,
+        per column block, read whatever ``on``: they lie in the parameter block). One-element loads: no promise made."""
         wrap = (flags & K.F_MEDIA_WRAP) != 0
         c0, cols = _source_cols(col0, offs, width, (flags & K.F_MEDIA_TILED) != 0, wrap, False)
         m = tl.zeros(offs.shape, OUT)
@@ -90,7 +90,7 @@ if triton is not None:
             stride = tl.load(f + K.C_STRIDE)
             lo = tl.load(f + K.C_FIRST_COL)
             hi = tl.load(f + K.C_END_COL)
-            if on & (((lo < c0 + offs.shape[0]) & (hi > c0)) | wrap):  # a block the piece misses: 4 loads
+            if on & (((lo < c0 + offs.shape[0]) & (hi > c0)) | wrap):  # a column block the piece misses: 4 loads
                 read = on & col_ok & (cols >= lo) & (cols < hi)
                 m = tl.where(read, _load_rows(addr, row * stride - lo, cols, read, code, OUT, False, SOFT), m)
             j += 1
@@ -99,10 +99,10 @@ if triton is not None:
     @triton.jit
     def media_row_vec(fields, nblocks, row, width, code, col0, on, flags, WIDTH: tl.constexpr,
                       VECTORS: tl.constexpr, OUT: tl.constexpr, SOFT: tl.constexpr):
-        """:func:`media_row` where the host promised whole 16-byte vectors (every address, row stride and block
+        """:func:`media_row` where the host promised whole 16-byte vectors (every address, row stride and column-block
         bound): ``[VECTORS, 8]`` values, slab columns ``col0 + 8 * g + e``. A vector of 8 columns lies in one
-        column block, so its address is found first (the fields lie in the parameter block) and the piece is read in
-        one load, whatever blocks it spans: their rows are read in one round trip, not one after another."""
+        column block, so its address is found first (the fields lie in the parameter block) and the piece is read
+        in one load, whatever column blocks it spans: their rows are read in one round trip, not one after another."""
         g = tl.arange(0, VECTORS) * 8
         _, gcols = _source_cols(col0, g, width, (flags & K.F_MEDIA_TILED) != 0, False, True)
         esize = tl.where(code == K.FLOAT32_CODE, 4, 2).to(tl.int64)
@@ -115,7 +115,7 @@ if triton is not None:
             at = tl.where((gcols >= lo) & (gcols < hi), addr + (row * stride - lo + gcols) * esize, at)
             j += 1
         e = tl.arange(0, 8)
-        # (an item's blocks tile its width: a column within it has an address; the compares keep the mask the
+        # (an item's column blocks tile its width: a column within it has an address; the compares keep the mask the
         # same over each group, which the 16-byte loads need)
         read = on & (col0 + g[:, None] + e[None, :] < WIDTH) & (gcols[:, None] < width)
         at = at[:, None] + (e * esize)[None, :]

@@ -3,7 +3,7 @@
 A :class:`Stager` serves one set of destinations (:class:`~slabstage.kernels.destinations.Destinations`):
 the runner's buffers (:meth:`Stager.for_buffers`), or those of a standalone op's call
 (:mod:`slabstage.kernels.op_stagers` keeps a few, keyed by the destinations themselves). What it holds (the
-pinned ring, the device block, the checked configurations) belongs to those destinations alone and is freed
+pinned ring, the device parameter block, the checked configurations) belongs to those destinations alone and is freed
 with it, once the device work it queued has finished. :meth:`Stager.prepare` checks a batch (nothing is
 written when that raises) and writes its parameter block into the next slot of the pinned ring
 (:class:`~slabstage.kernels.block.ParamsWriter`). Then either :meth:`Stager.launch` moves it into the
@@ -16,7 +16,7 @@ Ordering: a ring slot is rewritten only once the staging kernel that followed it
 the fetch, on the same stream) has reported its step in the ring's ``done`` word
 (:class:`~slabstage.kernels.params.PinnedRing`). That holds across streams because the launches of one
 stager are totally ordered: a launch or replay on a stream other than the last one's first makes its stream
-wait for the last one (:meth:`Stager._order`), so two streams never read one device block at once.
+wait for the last one (:meth:`Stager._order`), so two streams never read one device parameter block at once.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def capture_stream(device: torch.device, who: str = "runner") -> torch.cuda.Stre
 
 
 def live_stagers() -> int:
-    """Stagers alive, and collected ones whose pinned ring and device block still wait for queued device work."""
+    """Stagers alive, and collected ones whose pinned ring and device parameter block still wait for device work."""
     _sweep()
     return len(_LIVE) + len(_RETIRED)
 
@@ -88,9 +88,9 @@ def _capturing_now() -> bool:
 
 
 def _retire(held: tuple, where: list) -> None:
-    """A stager was collected: keep ``held`` (its ring, device block, counter, kept blocks) until the device
+    """A stager was collected: keep ``held`` (its ring, device parameter block, counter, kept ones) until the device
     work it queued on its last stream (``where[1]``) has finished; for good if a caller's graph captured one
-    of its launches (a replay reads that launch's block and reports into the ring's spare words)."""
+    of its launches (a replay reads that launch's parameter block and reports into the ring's spare words)."""
     stream = where[1]
     if held[3]:
         _CAPTURED.append(held)
@@ -136,9 +136,9 @@ class Stager(ParamsWriter):
         self._dynamic = struct.Struct(f"<{HEADER_WORDS + SOURCE_WORDS * self.num_slots}q")  # what a batch writes
         self._copies: dict = {}  # (slot, words) -> (ring view, device view)
         self.configs: dict = {}  # the configurations check_batch has passed for these destinations
-        self._kept: list = []  # (host block, device block) of launches captured in a caller's graph
-        self._now = self.params  # the device block the next launch reads
-        self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared block
+        self._kept: list = []  # (host, device) parameter blocks of launches captured in a caller's graph
+        self._now = self.params  # the device parameter block the next launch reads
+        self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared parameter block
         self._reads = None  # (EncoderCache, slots) the prepared batch's media reads, if cache entries
         self.lock = threading.Lock()
         self.dst = dst
@@ -224,7 +224,7 @@ class Stager(ParamsWriter):
 
     def replay(self, graph) -> None:
         """Replay ``graph`` (made with :meth:`record`) on the current stream: it stages the last prepared
-        block, ordered after every earlier launch of this stager."""
+        parameter block, ordered after every earlier launch of this stager."""
         self._order()
         graph.replay()
         self.ring.commit(self._pending[0])
@@ -233,7 +233,7 @@ class Stager(ParamsWriter):
     def _order(self) -> None:
         """Launches of this stager on one stream are ordered by it; a launch on another stream than the last
         one's first waits for that stream (no host sync). Not while capturing: a captured launch reads a
-        block of its own."""
+        parameter block of its own."""
         where = self._where
         raw = _raw_stream(self._index)
         if raw != where[0]:
@@ -265,7 +265,7 @@ class Stager(ParamsWriter):
 
     # -- one call -------------------------------------------------------------------------------
     def stage(self, src, pad_to) -> Checked:
-        """Check and stage one batch: a launch of its own (a block of its own when the current stream is
+        """Check and stage one batch: a launch of its own (a parameter block of its own when the current stream is
         capturing a graph)."""
         with self.lock:
             capturing = self.triton and self.dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
