@@ -48,7 +48,7 @@ class Config:
     and ``host_index``: those travel in the block; ``block``: the block writer's template (made on first use).
     """
 
-    __slots__ = ("sources", "table", "media", "index", "host_ids", "host_index", "block")
+    __slots__ = ("sources", "table", "media", "index", "host_ids", "host_index", "template")
 
     def __init__(self, dst, at: dict, devices: tuple, dtypes: tuple) -> None:
         host = dst.host
