@@ -39,6 +39,8 @@ from slabstage.kernels import default_error_word, reset_errors
 from slabstage.kernels.launch import stage_batch
 from slabstage.models import ToyMultimodalModel
 
+from expected import expected_slab  # noqa: I001 - tests/expected.py
+
 HAS_CUDA = torch.cuda.is_available()
 NO_ROW = 2**31 - 1
 
@@ -704,15 +706,8 @@ DEVICE_CASES = [DeviceCase(entry, *corruption) for entry in _ENTRIES_ON_DEVICE f
 
 
 def expected_slab_rows(ids, index, table, media):
-    """What rows [0, n) must hold: the source row when it is in bounds, else zeros."""
-    out = torch.zeros(len(ids), W)
-    for r, (tok, mi) in enumerate(zip(ids.tolist(), index.tolist())):
-        if mi >= 0:
-            if media is not None and mi < media.shape[0]:
-                out[r] = media[mi]
-        elif 0 <= tok < V:
-            out[r] = table[tok]
-    return out
+    """What rows [0, n) must hold: the source row when it is in bounds, else zeros (tests/expected.py)."""
+    return expected_slab(torch.zeros(len(ids), W), ids, table, media, index)[0]
 
 
 @pytest.mark.parametrize("case", DEVICE_CASES, ids=_case_id)

@@ -17,7 +17,7 @@ import slabstage.hf as sshf  # noqa: E402
 from slabstage.hf.tiny import FAMILIES, tiny_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_hf_edge_cases import _video_first_prompt  # noqa: E402
+from hf_prompts import _video_first_prompt  # noqa: E402
 from test_hf_models import VLMS, make_requests  # noqa: E402
 
 CONTEXT = 96

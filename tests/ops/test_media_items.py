@@ -1,8 +1,8 @@
 """Media as items: lists of tensors, tuples of column blocks, pinned host items, src_start.
 
 Every staged slab is compared, byte for byte, with an independent expectation
-built here row by row (``expected_slab``); it does not use slabstage's own
-reference. The item forms must behave exactly as one tensor equal to
+built row by row (``expected_slab``, tests/expected.py); it does not use
+slabstage's own reference. The item forms must behave exactly as one tensor equal to
 ``torch.cat([torch.cat(blocks, 1) if tuple else item for item in items], 0)``.
 
 - Interpreter tests run through the ``device`` fixture (CPU under
@@ -19,15 +19,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, PrefillBatch, PrefillGraphRunner,
+from slabstage import (BAD_MEDIA_INDEX, MEDIA_COUNT_MISMATCH, PrefillBatch, PrefillGraphRunner,
                        StagingBuffers, StagingError, WidthContractError, media_index_from_mask, new_error_word,
                        stage_embeddings)
 from slabstage.kernels import default_error_word
 from slabstage.models import VARIANTS, make_batch
 
 from builders import gen, poisoned, randint, randn, same_bytes, toy, toy_buffers  # noqa: I001 - tests/builders.py
+from expected import blocks_of, expected_slab  # noqa: I001 - tests/expected.py
 
 NO_ROW = 2**31 - 1
 CLEAN = [0, 0, NO_ROW, 0]
@@ -80,74 +80,7 @@ def scattered_index(g, n, rows, media_rows, *, dtype=torch.int64, device="cpu"):
     return index.to(device)
 
 
-# -- the independent expectation ---------------------------------------------------------------------
-
-def items_of(media):
-    """None -> []; one tensor -> [it]; a list or tuple -> its items (a top-level tuple is a sequence of items)."""
-    if media is None:
-        return []
-    if isinstance(media, torch.Tensor):
-        return [media]
-    return list(media)
-
-
-def blocks_of(item):
-    return list(item) if isinstance(item, tuple) else [item]
-
-
-def logical_row(items, k):
-    """Row ``k`` of the items laid end to end, its column blocks side by side; None past the last row."""
-    for item in items:
-        blocks = blocks_of(item)
-        rows = blocks[0].shape[0]
-        if k < rows:
-            return torch.cat([b[k].detach().cpu() for b in blocks])
-        k -= rows
-    return None
-
-
-def widen(row, width, expand):
-    if row.shape[0] == width:
-        return row
-    if expand == "repeat":
-        return row.repeat(width // row.shape[0])
-    return F.pad(row, (0, width - row.shape[0]))
-
-
-def expected_slab(before, ids, table, media, media_index, *, pad_to=None, expand="zeros", text_scale=None,
-                  vocab_range=None, vocab_size=None, media_owner=True, word=CLEAN):
-    """(slab, error word) that staging into ``before`` must give, with ``word`` the error word before."""
-    out = before.detach().cpu().clone()
-    width, dtype = out.shape[1], out.dtype
-    ids = ids.cpu().tolist()
-    n = len(ids)
-    pad_to = n if pad_to is None else pad_to
-    index = media_index.cpu().tolist() if media_index is not None else [-1] * n
-    table = table.detach().cpu()
-    items = items_of(media)
-    start, end = vocab_range if vocab_range is not None else (0, table.shape[0])
-    vocab_size = end if vocab_size is None else vocab_size
-    codes, count, first, found = word
-    for r, (tok, mi) in enumerate(zip(ids, index)):
-        row = torch.zeros(width, dtype=dtype)
-        if mi >= 0:
-            src = logical_row(items, mi)
-            if src is None:
-                codes, count, first = codes | BAD_MEDIA_INDEX, count + 1, min(first, r)
-            elif media_owner:
-                row = widen(src.to(dtype), width, expand)
-        elif 0 <= tok < vocab_size:
-            if start <= tok < end:
-                src = table[tok - start]
-                if text_scale is not None:
-                    src = src.float() * text_scale
-                row = widen(src.to(dtype), width, expand)
-        else:
-            codes, count, first = codes | BAD_TOKEN_ID, count + 1, min(first, r)
-        out[r] = row
-    out[n:pad_to] = 0
-    return out, [codes, count, first, found]
-
+# -- the independent expectation (expected_slab: tests/expected.py) ------------------------------------
 
 def assert_same_slab(got, want, what="slab"):
     got = got.detach().cpu()

@@ -12,13 +12,13 @@ from slabstage import StagingBuffers, new_error_word, stage_embeddings
 from slabstage.kernels import launch, op_stagers
 from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_inputs_op
 
+from expected import expected_slab  # noqa: I001 - tests/expected.py
+
 W, V = 16, 50
 
 
 def _expected(ids, table, pad_to):
-    out = torch.zeros(pad_to, W, dtype=table.dtype)
-    out[:len(ids)] = table[ids]
-    return out
+    return expected_slab(torch.zeros(pad_to, W, dtype=table.dtype), ids, table, None, None, pad_to=pad_to)[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -16,6 +16,7 @@ from slabstage.kernels.reference import stage_embeddings_reference
 
 import builders  # noqa: I001 - tests/builders.py
 from builders import randint, randn, same_bytes  # noqa: I001
+from expected import expected_slab  # noqa: I001 - tests/expected.py
 
 NO_ROW = 2**31 - 1
 POISON = 12345.0  # finite, so the untouched tail compares with torch.equal
@@ -50,37 +51,10 @@ def interleaved(n, num_media, device, dtype=torch.int64):
 
 def expected_rows(ids, table, media, media_index, width, dtype, *, expand="zeros", text_scale=None,
                   vocab_range=None, vocab_size=None, media_owner=True):
-    """Row by row, with plain indexing: the independent expectation."""
-    ids = ids.cpu().tolist()
-    table = table.cpu()
-    media = media.cpu() if media is not None else None
-    index = media_index.cpu().tolist() if media_index is not None else [-1] * len(ids)
-    start, end = vocab_range if vocab_range is not None else (0, table.shape[0])
-    vocab_size = end if vocab_size is None else vocab_size
-    num_media = media.shape[0] if media is not None else 0
-
-    def widen(row):
-        if row.shape[0] == width:
-            return row
-        if expand == "repeat":
-            return row.repeat(width // row.shape[0])
-        return F.pad(row, (0, width - row.shape[0]))
-
-    out = []
-    for tok, mi in zip(ids, index):
-        if mi >= 0:
-            if media_owner and mi < num_media:
-                out.append(widen(media[mi].to(dtype)))
-            else:
-                out.append(torch.zeros(width, dtype=dtype))
-        elif 0 <= tok < vocab_size and start <= tok < end:
-            row = table[tok - start]
-            if text_scale is not None:
-                row = row.float() * text_scale
-            out.append(widen(row.to(dtype)))
-        else:
-            out.append(torch.zeros(width, dtype=dtype))
-    return torch.stack(out) if out else torch.zeros(0, width, dtype=dtype)
+    """Rows [0, n) of the independent expectation (tests/expected.py)."""
+    before = torch.zeros(ids.shape[0], width, dtype=dtype)
+    return expected_slab(before, ids, table, media, media_index, expand=expand, text_scale=text_scale,
+                         vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)[0]
 
 
 def run_reference(slab, ids, table, *, media=None, media_index=None, pad_to=None, expand="zeros",

@@ -39,8 +39,9 @@ import pytest
 import torch
 
 from slabstage import BAD_TOKEN_ID, PrefillGraphRunner, StagingBuffers, StagingError, raise_if_errors, reset_errors
-from slabstage.demo import widen
 from slabstage.models import ToyMultimodalModel, make_batch
+
+from expected import expected_slab  # noqa: I001 - tests/expected.py
 
 NO_ROW = 2**31 - 1
 CLEAN = [0, 0, NO_ROW, 0]
@@ -65,18 +66,12 @@ def _draw(rng: random.Random, capacity: int) -> tuple[int, float, int, bool]:
 
 
 def _expected_slab(model, batch, bad_row: int | None) -> torch.Tensor:
-    """Rows [0, n) as the contract says, built with plain torch indexing."""
-    device, W = model.device, model.embed_width
-    ids = batch.input_ids.to(device).long()
-    text = widen(model.embed_tokens.weight[ids.clamp(0, model.vocab_size - 1)], W, model.expand)
-    out = text
-    if batch.media_index is not None:
-        index = batch.media_index.to(device).long()
-        media = widen(batch.media[index.clamp(min=0)], W, model.expand)
-        out = torch.where((index >= 0)[:, None], media, text)
-    if bad_row is not None:
-        out[bad_row] = 0
-    return out
+    """Rows [0, n) as the contract says (tests/expected.py); the planted bad id's row is zero there."""
+    before = torch.zeros(batch.num_tokens, model.embed_width, dtype=model.dtype)
+    out, word = expected_slab(before, batch.input_ids, batch.table, batch.media, batch.media_index,
+                              expand=model.expand)
+    assert (word[1] == 1) == (bad_row is not None) and (bad_row is None or word[2] == bad_row)
+    return out.to(model.device)
 
 
 def _corrupt(model, batch, rng: random.Random) -> int | None:
