@@ -113,9 +113,11 @@ def _remember(entry: _Entry, dst: Destinations, errors) -> None:
 def slots_destinations(slots, fills, errors) -> tuple[Destinations, Stager]:
     """The checked destinations of a custom op's call into integer ``slots`` (one tensor or None per row of
     :data:`~slabstage.staging.slots.SLOTS`) with ``fills``, reporting into ``errors``, and the stager of exactly
-    those tensors. Raises as :class:`Destinations` does. Tensors already checked are not checked again."""
+    that memory (tensors are told apart by address, shape, strides, dtype and device: a new tensor object over
+    the same memory finds the same stager). Raises as :class:`Destinations` does. Destinations already checked
+    are not checked again."""
     try:
-        key = ("slots", tuple(fills), *(None if t is None else (id(t), *slot_signature(t)) for t in slots),
+        key = ("slots", tuple(fills), *(None if t is None else (type(t), *slot_signature(t)) for t in slots),
                id(errors), slot_signature(errors))
     except (AttributeError, RuntimeError, TypeError):  # (not plain tensors: the checks say what is wrong)
         key = None

@@ -10,6 +10,7 @@ import torch
 
 from slabstage import StagingBuffers, new_error_word, stage_embeddings
 from slabstage.kernels import launch, op_stagers
+from slabstage.staging.slots import SLOTS
 from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_inputs_op
 
 from expected import expected_slab  # noqa: I001 - tests/expected.py
@@ -130,6 +131,19 @@ def test_custom_op_destinations_checked_again_when_a_slot_changes(path):
     assert torch.equal(buf.input_ids, before)
     stage_token_inputs_op(buf, input_ids=ids[:9], positions=torch.arange(9), pad_to=12)
     assert torch.equal(buf.input_ids[:9], ids[:9]) and torch.equal(buf.positions[:9], torch.arange(9))
+
+
+def test_new_tensor_objects_over_the_same_slots_find_the_same_stager(path):
+    """An engine that hands the token op new tensor objects over its buffers' memory each step (views made
+    again, tensors re-wrapped) gets the one stager of that memory, not a new ring and device block a call."""
+    buf = _buffers()
+    slots = [buf.registry[s.name] if s.name in buf.registry else None for s in SLOTS]
+    fills = tuple(None for _ in SLOTS)
+    first = op_stagers.slots_destinations(slots, fills, buf.errors)[1]
+    for _ in range(5):
+        fresh = [None if t is None else t.view(t.shape) for t in slots]  # new objects, the same memory
+        assert op_stagers.slots_destinations(fresh, fills, buf.errors)[1] is first
+    assert op_stagers.cached_stagers() == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
