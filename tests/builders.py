@@ -69,3 +69,25 @@ class Later:
 
     def synchronize(self):
         self.done = True
+
+
+def staging_buffers(tokens: int, width: int, device="cpu", **kw) -> StagingBuffers:
+    """Buffers of ``tokens`` rows, a float32 slab ``width`` wide, 4 requests."""
+    return StagingBuffers.allocate(max_num_tokens=tokens, max_batch_size=4, embed_width=width,
+                                   embed_dtype=torch.float32, device=device, **kw)
+
+
+def registry_snapshot(buf: StagingBuffers) -> dict:
+    return {k: buf.registry[k].clone() for k in buf.registry}
+
+
+def assert_registry_unchanged(buf: StagingBuffers, snap: dict) -> None:
+    """Every slot as ``snap`` holds it (NaN equal to NaN)."""
+    for k, v in snap.items():
+        assert torch.equal(buf.registry[k].nan_to_num(1.5), v.nan_to_num(1.5)), k
+
+
+def ids_and_table(vocab: int, width: int, n: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` random ids below ``vocab`` and a random ``[vocab, width]`` table."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g), torch.randn(vocab, width, generator=g)

@@ -15,7 +15,7 @@ import slabstage
 import slabstage.hf as sshf
 from slabstage import MropeLayout, StagingBuffers, stage_token_inputs
 from slabstage.hf.mrope import layout_rule, mm_token_type_ids
-from slabstage.hf.tiny import IMAGE, MERGE, VIDEO, VISION_END, VISION_START, tiny_model
+from slabstage.hf.tiny import IMAGE, MERGE, VIDEO, VISION_END, VISION_START
 from slabstage.kernels.mrope import mrope_from_segments, mrope_segments
 
 transformers = pytest.importorskip("transformers")
@@ -23,17 +23,6 @@ pytestmark = pytest.mark.skipif(layout_rule(transformers.__version__) is None,
                                 reason="layouts follow transformers >= 5.6")
 
 VLMS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-
-
-@pytest.fixture(scope="module")
-def models():
-    built = {}
-
-    def get(family):
-        if family not in built:
-            built[family] = tiny_model(family)
-        return built[family]
-    return get
 
 
 def _prompt(rng: random.Random, family: str):

@@ -6,26 +6,21 @@ import pytest
 import torch
 import slabstage as ss
 
+from builders import assert_registry_unchanged, ids_and_table, registry_snapshot, staging_buffers  # noqa: I001 - tests/builders.py
+
 V, W, T = 40, 24, 64
 
 
 def _buffers(device="cpu", **kw):
-    return ss.StagingBuffers.allocate(max_num_tokens=T, max_batch_size=4, embed_width=W,
-                                      embed_dtype=torch.float32, device=device, **kw)
+    return staging_buffers(T, W, device, **kw)
 
 
-def _snapshot(buf):
-    return {k: buf.registry[k].clone() for k in buf.registry}
-
-
-def _unchanged(buf, snap):
-    for k, v in snap.items():
-        assert torch.equal(buf.registry[k].nan_to_num(1.5), v.nan_to_num(1.5)), k
+_snapshot = registry_snapshot
+_unchanged = assert_registry_unchanged
 
 
 def _inputs(n=10, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, V, (n,), generator=g), torch.randn(V, W, generator=g)
+    return ids_and_table(V, W, n, seed)
 
 
 def test_empty_token_count_slot_is_refused():

@@ -6,12 +6,13 @@ import threading
 import torch
 import slabstage as ss
 
+from builders import ids_and_table  # noqa: I001 - tests/builders.py
+
 V, W, T = 40, 24, 64
 
 
 def _inputs(n=10, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, V, (n,), generator=g), torch.randn(V, W, generator=g)
+    return ids_and_table(V, W, n, seed)
 
 
 def test_padding_and_bad_rows_are_plus_zero_whatever_the_scale():
