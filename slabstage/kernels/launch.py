@@ -268,10 +268,7 @@ class Stager(ParamsWriter):
         """Check and stage one batch: a launch of its own (a parameter block of its own when the current stream is
         capturing a graph)."""
         with self.lock:
-            capturing = self.triton and self.dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-            c = self.prepare(src, pad_to, own_params=capturing)
-            self.launch(c, c.pad_to)
-            return c
+            return self._stage(src, pad_to)
 
     def stage_into(self, dst: Destinations, src, pad_to) -> Checked:
         """:meth:`stage` into ``dst``, then forget it (a stager an op keeps holds no reference to what it
@@ -280,12 +277,15 @@ class Stager(ParamsWriter):
         with self.lock:
             self.dst = dst
             try:
-                capturing = self.triton and dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-                c = self.prepare(src, pad_to, own_params=capturing)
-                self.launch(c, c.pad_to)
-                return c
+                return self._stage(src, pad_to)
             finally:
                 self.dst = None
+
+    def _stage(self, src, pad_to) -> Checked:
+        capturing = self.triton and self.dst.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        c = self.prepare(src, pad_to, own_params=capturing)
+        self.launch(c, c.pad_to)
+        return c
 
     @classmethod
     def for_buffers(cls, buffers, embed: bool) -> "Stager":
