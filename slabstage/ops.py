@@ -13,7 +13,7 @@ values the op's schema cannot carry.
 What an op call does, on CUDA: check the batch, write its parameter block into a
 pinned ring slot, queue one host-to-device copy of the block and one kernel launch
 on the current stream; no host sync, no graph captured behind the caller's back.
-The ring and device block belong to the destinations (:mod:`slabstage.kernels.op_stagers`:
+The ring and device block belong to the destinations (:mod:`slabstage.staging.op_stagers`:
 one set per slab storage, or per exact set of token-input tensors, at most 16
 kept, none holding a reference to a tensor), so two buffers, two slabs or two
 streams never share one. Inside a graph the caller captures, each call gets a
@@ -31,10 +31,10 @@ from typing import List, Optional
 import torch
 
 from .checks import check_bool, check_choice, check_int, check_not_meta, check_real, check_tensor
-from .kernels.errors import check_error_word, default_error_word
-from .kernels.launch import Inputs
-from .kernels.op_stagers import slots_destinations
-from .kernels.stage_embeddings import stage_embeddings
+from .staging.errors import check_error_word, default_error_word
+from .staging.stager import Inputs
+from .staging.op_stagers import slots_destinations
+from .staging.stage_embeddings import stage_embeddings
 from .checks import vocab_bounds
 from .staging.buffers import StagingBuffers
 from .staging.slots import SLOTS, SOURCE_SLOTS

@@ -124,7 +124,7 @@ def device(request):
 def mask_path(request, monkeypatch):
     """``media_index_from_mask`` on its Triton kernel (the interpreter on CPU) or on its PyTorch reference."""
     if request.param == "reference":
-        from slabstage.kernels import media_index
+        from slabstage.staging import media_index
 
         monkeypatch.setattr(media_index, "use_triton", lambda t: False)
     return request.param
@@ -140,7 +140,7 @@ def kernel_only(device, monkeypatch):
 
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("CPU tensors run the reference unless TRITON_INTERPRET=1 (the GPU machine's CPU case)")
-    mod = importlib.import_module("slabstage.kernels.launch")  # where the one path picks kernel or reference
+    mod = importlib.import_module("slabstage.staging.stager")  # where the one path picks kernel or reference
 
     def no_reference(*args, **kwargs):
         raise AssertionError("the PyTorch reference ran instead of the Triton kernel")
@@ -152,7 +152,7 @@ def kernel_only(device, monkeypatch):
 def stage_path(request, monkeypatch):
     """The one staging path on its Triton kernel (the interpreter on CPU) or on its PyTorch reference: every
     stager, made before or after, takes the path asked for."""
-    from slabstage.kernels.launch import Stager
+    from slabstage.staging.stager import Stager
     from slabstage.kernels.runtime import use_triton
 
     on_cuda = "device" in request.fixturenames and request.getfixturevalue("device").type == "cuda"

@@ -7,8 +7,8 @@ from typing import Sequence, Union
 
 import torch
 
-from ..kernels.configuration import DEFAULTS
-from ..kernels.validate import check_sources
+from ..staging.validate import DEFAULTS
+from ..staging.validate import check_sources
 from ..staging.slots import SOURCE_SLOTS
 
 __all__ = ["PrefillBatch", "Media"]
@@ -74,4 +74,4 @@ class PrefillBatch:
 
 # the defaults the staging path gives a field a caller leaves out are PrefillBatch's own
 assert all(DEFAULTS[f.name] == f.default for f in fields(PrefillBatch) if f.default is not MISSING), \
-    "PrefillBatch's defaults differ from slabstage.kernels.configuration.DEFAULTS"
+    "PrefillBatch's defaults differ from slabstage.staging.validate.DEFAULTS"

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..kernels.launch import Stager, capture_stream
+from ..staging.stager import Stager, capture_stream
 from ..staging.buffers import StagingBuffers
 from ..staging.slots import ROWS, SOURCE_SLOTS, TOKENS
 from .batch import PrefillBatch

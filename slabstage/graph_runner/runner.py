@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from ..checks import check_bool, check_choice, check_int, check_real
-from ..kernels.launch import Stager
+from ..staging.stager import Stager
 from ..staging.buffers import StagingBuffers
 from .batch import PrefillBatch
 from .buckets import default_token_buckets

@@ -8,7 +8,7 @@ import inspect
 import numpy as np
 import torch
 
-from ..kernels.mrope import MropeLayout
+from ..staging.mrope import MropeLayout
 from ._checks import as_prompt_ids, check_grid_rows, check_placeholders, check_seconds, placeholder_runs
 from ._family import family_of
 

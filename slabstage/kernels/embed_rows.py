@@ -3,7 +3,7 @@ read in its source's dtype and cast to the slab's (vector loads where the host p
 
 from __future__ import annotations
 
-from . import consts as K
+from .layout import device as K
 from .runtime import cast_to, tl, triton
 
 __all__ = ["text_row", "media_row", "media_row_vec"]

@@ -45,7 +45,7 @@ if HAS_TRITON:
         Every launch checks that each global its kernel reads still equals the value it was compiled
         with (``!=`` against a copy); ``tl.constexpr``'s ``!=`` builds new objects (~0.7 µs on the CI
         machine). The staging kernels read their layout constants as attributes of a module, which
-        no launch compares (:mod:`slabstage.kernels.consts`); their checksum is the one global."""
+        no launch compares (:data:`slabstage.kernels.layout.device`); their checksum is the one global."""
 
         def __ne__(self, other):
             if type(other) is type(self):

@@ -1,9 +1,9 @@
 """The staging kernel's integer-slot rows: read a source's ints, write a slot's row with its padding and range
-check, and mrope positions computed from a segment list (:mod:`slabstage.kernels.mrope`)."""
+check, and mrope positions computed from a segment list (:mod:`slabstage.staging.mrope`)."""
 
 from __future__ import annotations
 
-from . import consts as K
+from .layout import device as K
 from .runtime import tl, triton
 
 __all__ = ["copy_pad", "put_row", "mrope_rows", "ints", "store_ints"]
@@ -52,7 +52,7 @@ if triton is not None:
     @triton.jit
     def mrope_rows(sd, dd, errors_ptr, rows, n, pad_to):
         """The three rows of an mrope slot at ``rows``, computed from the batch's segment list
-        (:mod:`slabstage.kernels.mrope`: the source's address and its segment count): each row's segment
+        (:mod:`slabstage.staging.mrope`: the source's address and its segment count): each row's segment
         by a binary search over their first rows, then its text or media position."""
         seg = tl.load(sd + K.S_ADDR).to(tl.pointer_type(tl.int64))
         count = tl.load(sd + K.S_STRIDE)

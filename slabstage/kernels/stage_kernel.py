@@ -5,8 +5,8 @@ eager path, ``stage_embeddings``, ``stage_token_inputs``, the custom ops). Its
 runtime arguments are fixed for a set of destinations: the parameter block, the
 error word, the slab. Everything a batch changes (``n``, ``pad_to``, the sources'
 addresses and dtypes, vocabulary bounds, ``text_scale``, the media items) is data
-in the parameter block (:mod:`slabstage.kernels.params`, whose names the kernel reads
-through :mod:`slabstage.kernels.consts`), so a captured launch serves every
+in the parameter block (:mod:`slabstage.kernels.layout`, whose names the kernel reads
+under the same names), so a captured launch serves every
 batch. Constexprs are what the destinations fix: the slab's width and dtype, the
 columns of a row one program writes (``BLOCK``, Triton's block size), how many integer
 slots there are.
@@ -36,9 +36,9 @@ half the copy ceiling); walking ``PIECE`` columns keeps it near the vector arm's
 
 from __future__ import annotations
 
-from . import consts as K
+from .layout import device as K
 from .embed_rows import media_row, media_row_vec, text_row
-from .params import FETCH_CHUNK, ITEM_CHUNK, TOKEN_ROWS
+from .layout import FETCH_CHUNK, ITEM_CHUNK, TOKEN_ROWS
 from .runtime import next_pow2, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
@@ -58,13 +58,13 @@ def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, r
 
 
 if triton is not None:
-    from .consts import KEY as _KEY  # (the one global the kernels read: see slabstage.kernels.consts)
+    _KEY = K.KEY  # (the one global the kernels read: see slabstage.kernels.layout)
 
     @triton.jit
     def stage_kernel(params_ptr, errors_ptr, slab_ptr,
                      EMBED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, ROW_PROGRAMS: tl.constexpr,
                      NUM_SLOTS: tl.constexpr, REQ_BLOCK: tl.constexpr, PIECE: tl.constexpr):
-        tl.static_assert(_KEY >= 0)  # (reads the layout constants' checksum: see slabstage.kernels.consts)
+        tl.static_assert(_KEY >= 0)  # (reads the layout constants' checksum: see slabstage.kernels.layout)
         pid = tl.program_id(0)
         n = tl.load(params_ptr + K.H_N)
         pad_to = tl.load(params_ptr + K.H_PAD_TO)  # rows past it are left alone: a grid may cover more

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..checks import check_choice, check_int, check_real
 from ..graph_runner.batch import PrefillBatch
-from ..kernels.media_index import media_index_from_spans
+from ..staging.media_index import media_index_from_spans
 from ..staging.width import resolve_input_embeds_width
 
 __all__ = ["ToyMultimodalModel", "VARIANTS", "make_batch", "packed_causal_mask"]

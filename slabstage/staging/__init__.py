@@ -2,7 +2,8 @@
 
 from .buffers import ERROR_WORD_SIZE, StagingBuffers, new_error_word
 from .registry import BufferRegistry, RegistryMismatchError, Slot, SlotSignature
-from .width import WidthContractError, check_media_width, check_source_width, resolve_input_embeds_width
+from .validate import check_media_width, check_source_width
+from .width import WidthContractError, resolve_input_embeds_width
 
 __all__ = [
     "BufferRegistry",

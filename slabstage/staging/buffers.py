@@ -10,7 +10,7 @@ from .slots import REQUESTS, ROWS, SLOTS, TOKENS, SlotSpec
 
 __all__ = ["StagingBuffers", "ERROR_WORD_SIZE", "new_error_word"]
 
-# errors[0]: OR of the error codes (slabstage.kernels.errors), errors[1]: rows flagged,
+# errors[0]: OR of the error codes (slabstage.staging.errors), errors[1]: rows flagged,
 # errors[2]: first flagged row (INT32_MAX when none), errors[3]: last placeholder count seen.
 ERROR_WORD_SIZE = 4
 NO_ROW = 2**31 - 1
@@ -72,7 +72,7 @@ class StagingBuffers:
         self.max_num_tokens = max_num_tokens
         self.max_batch_size = max_batch_size
         self.errors = errors
-        self._stagers: dict = {}  # slabstage.kernels.launch.Stager.for_buffers keeps its stagers here
+        self._stagers: dict = {}  # slabstage.staging.stager.Stager.for_buffers keeps its stagers here
 
     @classmethod
     def allocate(

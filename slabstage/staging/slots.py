@@ -15,13 +15,11 @@ from typing import NamedTuple
 
 import torch
 
+from ..kernels.layout import COUNT, REQUESTS, ROWS, TOKENS
+
 __all__ = ["SlotSpec", "SLOTS", "SOURCE_SLOTS", "NEEDED_SLOTS", "TOKENS", "ROWS", "REQUESTS", "COUNT"]
 
-# how a slot is laid out and what the kernel writes into it
-TOKENS = 0  # [T]: rows [0, n) copied, [n, pad_to) padded
-ROWS = 1  # [rows, T] (token axis 1): each row as TOKENS
-REQUESTS = 2  # [max_batch_size]: [0, b) copied, the rest padded
-COUNT = 3  # [1]: the batch's token count, never padded
+# how a slot is laid out and what the kernel writes into it: TOKENS, ROWS, REQUESTS, COUNT (kernels.layout)
 
 
 class SlotSpec(NamedTuple):

@@ -13,7 +13,7 @@ import re
 
 from ..checks import is_int
 
-__all__ = ["WidthContractError", "resolve_input_embeds_width", "check_source_width", "check_media_width"]
+__all__ = ["WidthContractError", "resolve_input_embeds_width"]
 
 _MISSING = object()
 
@@ -168,49 +168,3 @@ def resolve_input_embeds_width(
             f"the slab must hold at least the hidden size"
         )
     return width
-
-
-def check_source_width(name: str, source_width: int, slab_width: int, expand: str) -> None:
-    """Check that rows ``source_width`` wide can be written into a ``slab_width`` slab.
-
-    ``expand`` is ``"zeros"`` (columns past the source are zero) or ``"repeat"``
-    (the source is tiled; the slab width must be a multiple of it). Raises
-    :class:`WidthContractError` naming the source, both widths and the policy.
-    """
-    if source_width > slab_width:
-        raise WidthContractError(
-            f"{name} rows are {source_width} wide but the input_embeds slab is {slab_width} wide: "
-            f"the declared input_embeds width is too narrow for this source"
-        )
-    if source_width < slab_width:
-        if expand == "repeat" and (source_width <= 0 or slab_width % source_width):
-            raise WidthContractError(
-                f"{name} width {source_width} does not divide the slab width {slab_width}: "
-                f'expand="repeat" needs a whole number of copies'
-            )
-        if expand not in ("zeros", "repeat"):
-            raise WidthContractError(
-                f'{name} is {source_width} wide, narrower than the slab ({slab_width}); '
-                f'expand must be "zeros" or "repeat", got {expand!r}'
-            )
-
-
-def check_media_width(name: str, media_width: int, slab_width: int, text_width: int, expand: str) -> None:
-    """Check the width contract for media rows ``media_width`` wide.
-
-    Media rows are as wide as the slab, or as wide as the text (the table's rows,
-    ``text_width``) with an expand policy (``"zeros"`` or ``"repeat"``, checked as
-    :func:`check_source_width` checks the table). Any other width is refused, even
-    one that an expand policy could fill: media narrower than the slab must line up
-    with the text rows column for column. Raises :class:`WidthContractError` naming
-    the source, the widths and the policy.
-    """
-    if media_width == slab_width:
-        return
-    if media_width != text_width:
-        raise WidthContractError(
-            f"{name} rows are {media_width} wide, but media must be as wide as the input_embeds slab "
-            f"({slab_width}) or as the text rows ({text_width}, with expand=\"zeros\" or \"repeat\"); "
-            f"got expand={expand!r}"
-        )
-    check_source_width(name, media_width, slab_width, expand)

@@ -36,7 +36,7 @@ import slabstage as ss
 from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, BufferRegistry, CaptureError,
                        PrefillBatch, PrefillGraphRunner, RegistryMismatchError, StagingBuffers, WidthContractError)
 from slabstage.kernels import default_error_word, reset_errors
-from slabstage.kernels.launch import stage_batch
+from slabstage.staging.stager import stage_batch
 from slabstage.models import ToyMultimodalModel
 
 from expected import expected_slab  # noqa: I001 - tests/expected.py

@@ -8,7 +8,7 @@ import pytest
 import torch
 from slabstage import StagingError, media_index_from_mask, new_error_word, raise_if_errors, reset_errors
 from slabstage.kernels import MEDIA_COUNT_MISMATCH, default_error_word
-from slabstage.kernels import errors as errors_module
+from slabstage.staging import errors as errors_module
 
 
 NO_ROW = 2**31 - 1

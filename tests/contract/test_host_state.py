@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import slabstage as ss
-from slabstage.kernels.reference import stage_embeddings_reference
+from slabstage.staging.reference import stage_embeddings_reference
 from slabstage.ops import HAS_CUSTOM_OPS, stage_token_inputs_op
 
 W, T, V = 16, 24, 30

@@ -7,15 +7,15 @@ import torch
 
 import slabstage as ss
 from slabstage import MropeLayout
-from slabstage.kernels.params import MAX_ITEM_WORDS
+from slabstage.kernels.layout import MAX_ITEM_WORDS
 
 W, V = 8, 30
 ITEM_WORDS = 1 + 4  # an item of one column block
 
 
 def test_the_room_has_one_name():
-    from slabstage.kernels import block, launch
-    assert block.MAX_ITEM_WORDS is MAX_ITEM_WORDS and launch.MAX_ITEM_WORDS is MAX_ITEM_WORDS
+    from slabstage.staging import stager, validate
+    assert validate.MAX_ITEM_WORDS is MAX_ITEM_WORDS and stager.MAX_ITEM_WORDS is MAX_ITEM_WORDS
 
 
 def _media_batch(items: int, device):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import slabstage as ss
-from slabstage.kernels.launch import stage_batch
+from slabstage.staging.stager import stage_batch
 from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_inputs_op
 
 W, T, V = 32, 24, 40

@@ -105,7 +105,7 @@ def test_every_slot_is_in_the_capture_probe(mrope, device):
         else:
             assert bool((t == spec.probe).all()), spec.name
     # the probe stages as the runner stages it: every slot it gives lands in the buffers
-    from slabstage.kernels.launch import stage_batch
+    from slabstage.staging.stager import stage_batch
     stage_batch(buf, pad_to=N, **{f.name: getattr(probe, f.name) for f in dataclasses.fields(probe)})
     for spec in SOURCE_SLOTS:
         t = getattr(probe, spec.name)

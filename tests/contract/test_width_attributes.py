@@ -75,7 +75,7 @@ def test_absent_attribute_still_falls_back():
     (32, 100, 32, "repeat"),  # the text width, but does not divide the slab
 ])
 def test_media_width_neither_slab_nor_text(media, slab, text, expand):
-    from slabstage.staging.width import check_media_width
+    from slabstage.staging.validate import check_media_width
     with pytest.raises(WidthContractError) as info:
         check_media_width("media", media, slab, text, expand)
     msg = str(info.value)

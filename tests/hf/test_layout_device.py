@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 import slabstage.hf as sshf  # noqa: E402
 from slabstage.hf.tiny import tiny_model, tiny_prompt  # noqa: E402
-from slabstage.kernels.mrope import mrope_from_segments, mrope_segments  # noqa: E402
+from slabstage.staging.mrope import mrope_from_segments, mrope_segments  # noqa: E402
 
 
 def _requests(model):

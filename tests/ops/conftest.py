@@ -4,7 +4,8 @@ import gc
 
 import pytest
 
-from slabstage.kernels import launch, op_stagers
+from slabstage.staging import op_stagers
+from slabstage.staging import stager as stager_module
 from slabstage.kernels.runtime import INTERPRET
 
 
@@ -14,7 +15,7 @@ def path(request, monkeypatch):
     if request.param == "triton" and not INTERPRET:
         pytest.skip("CPU tensors run the reference unless TRITON_INTERPRET=1")
     if request.param == "reference":
-        monkeypatch.setattr(launch, "use_triton", lambda device: False)
+        monkeypatch.setattr(stager_module, "use_triton", lambda device: False)
     op_stagers.clear()
     gc.collect()
     yield request.param

@@ -30,7 +30,7 @@ from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, Pref
                        StagingError, media_index_from_mask, new_error_word, raise_if_errors, reset_errors,
                        stage_embeddings)
 from slabstage.kernels import default_error_word
-from slabstage.kernels.launch import stage_batch
+from slabstage.staging.stager import stage_batch
 
 NO_ROW = 2**31 - 1
 CLEAN = [0, 0, NO_ROW, 0]

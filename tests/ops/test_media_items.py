@@ -1025,7 +1025,7 @@ def test_cuda_captured_staging_reads_the_items_at_replay(where):
 def test_item_plan_vector_flag_follows_every_address_and_stride(offset, width, stride):
     """The plan of items of one tensor each promises 16-byte loads only when every item's address, row stride
     and width are whole 16-byte vectors (bf16: 8 elements), as the plan of column-block items does."""
-    from slabstage.kernels.media import describe_media
+    from slabstage.staging.validate import describe_media
     pool = torch.zeros(4096, dtype=torch.bfloat16)
     items = [pool[offset + 512 * k:offset + 512 * k + 3 * stride].view(3, stride)[:, :width] for k in range(3)]
     items.append(torch.zeros(0, width, dtype=torch.bfloat16))  # an empty item is never read

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from slabstage import StagingBuffers, new_error_word, stage_embeddings
-from slabstage.kernels import launch, op_stagers
+from slabstage.staging import op_stagers
+from slabstage.staging import stager as stager_module
 from slabstage.staging.slots import SLOTS
 from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_inputs_op
 
@@ -152,7 +153,7 @@ def test_cuda_inference_mode_views_one_stager_then_freed():
     one stager (checked from their address), and the stager is freed with the slab."""
     op_stagers.clear()
     gc.collect()
-    live0 = launch.live_stagers()
+    live0 = stager_module.live_stagers()
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(5)
     with torch.inference_mode():
@@ -169,4 +170,4 @@ def test_cuda_inference_mode_views_one_stager_then_freed():
         del base
     gc.collect()
     torch.cuda.synchronize()
-    assert op_stagers.cached_stagers() == 0 and launch.live_stagers() == live0
+    assert op_stagers.cached_stagers() == 0 and stager_module.live_stagers() == live0

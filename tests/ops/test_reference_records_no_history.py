@@ -4,7 +4,7 @@ history.
 
 import torch
 import slabstage as ss
-from slabstage.kernels.reference import stage_embeddings_reference
+from slabstage.staging.reference import stage_embeddings_reference
 
 from builders import ids_and_table  # noqa: I001 - tests/builders.py
 

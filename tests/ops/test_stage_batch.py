@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import slabstage as ss
-from slabstage.kernels.launch import stage_batch
+from slabstage.staging.stager import stage_batch
 
 
 def _buffers(device, mrope=True):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, StagingError, WidthContractError, new_error_word,
                        raise_if_errors, reset_errors, stage_embeddings)
 from slabstage.kernels import default_error_word
-from slabstage.kernels.reference import stage_embeddings_reference
+from slabstage.staging.reference import stage_embeddings_reference
 
 import builders  # noqa: I001 - tests/builders.py
 from builders import randint, randn, same_bytes  # noqa: I001
@@ -625,7 +625,7 @@ def test_repeated_calls_into_one_slab(device):
     """Calls into one slab with one error word, as an engine makes them, n and pad_to changing, no host
     sync: every call matches the reference and leaves the rows past its pad_to alone, and all of them go
     through the one stager of that slab (no graph of the op's own launch is captured)."""
-    from slabstage.kernels.op_stagers import slab_stager
+    from slabstage.staging.op_stagers import slab_stager
     g = torch.Generator().manual_seed(33)
     V, M, W = 50, 40, 64
     table = randn(g, V, W, device=device)

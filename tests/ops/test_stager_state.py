@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from slabstage import StagingBuffers, new_error_word, stage_embeddings, stage_token_inputs
-from slabstage.kernels import launch, op_stagers
-from slabstage.kernels.destinations import Destinations
+from slabstage.staging import op_stagers
+from slabstage.staging import stager as stager_module
+from slabstage.staging.destinations import Destinations
 from slabstage.kernels.runtime import INTERPRET
 from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_inputs_op
 
@@ -77,7 +78,7 @@ def test_views_of_one_slab_share_one_stager_and_it_goes_with_the_slab(path):
     table = torch.randn(50, W, generator=g)
     errors = new_error_word("cpu")
     gc.collect()
-    live0, cached0 = launch.live_stagers(), op_stagers.cached_stagers()
+    live0, cached0 = stager_module.live_stagers(), op_stagers.cached_stagers()
     base = torch.zeros(220, W, dtype=torch.bfloat16)
     for n in range(1, 201):  # (views of n rows and offsets; a few rows staged into each)
         ids = torch.randint(0, 50, (min(n, 3),), generator=g)
@@ -86,12 +87,12 @@ def test_views_of_one_slab_share_one_stager_and_it_goes_with_the_slab(path):
         assert torch.equal(view[:len(ids)], table[ids].to(torch.bfloat16)), n
     assert op_stagers.cached_stagers() == cached0 + 1
     stager = weakref.ref(op_stagers.slab_stager(base[:3], errors)[1])
-    assert launch.live_stagers() == live0 + 1
+    assert stager_module.live_stagers() == live0 + 1
     slab_ref = weakref.ref(base)
     del base, view
     gc.collect()
     assert slab_ref() is None, "a stager (or the cache) kept the slab alive"
-    assert stager() is None and op_stagers.cached_stagers() == cached0 and launch.live_stagers() == live0
+    assert stager() is None and op_stagers.cached_stagers() == cached0 and stager_module.live_stagers() == live0
 
 
 def test_the_ops_keep_a_bounded_number_of_stagers(path):
@@ -99,31 +100,31 @@ def test_the_ops_keep_a_bounded_number_of_stagers(path):
     table = torch.randn(20, W)
     errors = new_error_word("cpu")
     gc.collect()
-    live0 = launch.live_stagers()
+    live0 = stager_module.live_stagers()
     slabs = []
     for n in range(200):
         slabs.append(torch.zeros(4, W, dtype=torch.float16))
         stage_embeddings(slabs[-1], torch.tensor([n % 20, 1]), table, errors=errors)
         assert op_stagers.cached_stagers() <= op_stagers.MAX_STAGERS
     assert all(torch.equal(s[0], table[n % 20].half()) for n, s in enumerate(slabs))
-    assert launch.live_stagers() <= live0 + op_stagers.MAX_STAGERS
+    assert stager_module.live_stagers() <= live0 + op_stagers.MAX_STAGERS
     del slabs
     gc.collect()
-    assert op_stagers.cached_stagers() == 0 and launch.live_stagers() == live0
+    assert op_stagers.cached_stagers() == 0 and stager_module.live_stagers() == live0
 
 
 def test_the_token_op_drops_the_stager_of_dropped_buffers(path):
     if not HAS_CUSTOM_OPS:
         pytest.skip("custom ops need torch >= 2.4")
     gc.collect()
-    live0 = launch.live_stagers()
+    live0 = stager_module.live_stagers()
     for k in range(30):
         buf = allocate()
         stage_token_inputs_op(buf, input_ids=torch.arange(k + 1), positions=torch.arange(k + 1), pad_to=k + 2)
         assert buf.input_ids[:k + 1].tolist() == list(range(k + 1))
         del buf
     gc.collect()
-    assert op_stagers.cached_stagers() == 0 and launch.live_stagers() == live0
+    assert op_stagers.cached_stagers() == 0 and stager_module.live_stagers() == live0
 
 
 def test_a_stager_serves_only_its_own_destinations(path):
@@ -151,13 +152,13 @@ def test_a_ring_slot_is_not_rewritten_while_a_launch_may_read_it(monkeypatch):
     if not INTERPRET:
         pytest.skip("the ring is used on the Triton path")
 
-    class TwoSlots(launch.PinnedRing):
+    class TwoSlots(stager_module.PinnedRing):
         def __init__(self, slot_bytes, pinned, k=8):
             super().__init__(slot_bytes, pinned, k=2)
 
-    monkeypatch.setattr(launch, "PinnedRing", TwoSlots)
+    monkeypatch.setattr(stager_module, "PinnedRing", TwoSlots)
     buf = allocate()
-    st = launch.Stager.for_buffers(buf, embed=False)
+    st = stager_module.Stager.for_buffers(buf, embed=False)
     ring, waited = st.ring, []
     for step in range(1, 4):
         stage_token_inputs(buf, input_ids=torch.arange(step + 5), positions=torch.arange(step + 5), pad_to=8)

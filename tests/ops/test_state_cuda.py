@@ -12,7 +12,8 @@ import torch
 
 from slabstage import (PrefillBatch, PrefillGraphRunner, StagingBuffers, new_error_word, stage_embeddings,
                        stage_token_inputs)
-from slabstage.kernels import launch, op_stagers
+from slabstage.staging import op_stagers
+from slabstage.staging import stager as stager_module
 from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_inputs_op
 
 pytestmark = pytest.mark.cuda
@@ -158,14 +159,14 @@ def test_slab_views_staged_then_dropped_give_memory_back():
     del warm
     torch.cuda.synchronize()
     gc.collect()
-    launch.live_stagers()
-    live0, mem0 = launch.live_stagers(), torch.cuda.memory_allocated()
+    stager_module.live_stagers()
+    live0, mem0 = stager_module.live_stagers(), torch.cuda.memory_allocated()
     base = torch.zeros(256, W, dtype=torch.bfloat16, device=DEV)
     ids = [torch.randint(0, 50, (n,), generator=g).to(DEV) for n in range(1, 201)]
     with no_sync():
         for n in range(1, 201):
             stage_embeddings(base[:n], ids[n - 1], table, errors=errors)
-    assert launch.live_stagers() == live0 + 1
+    assert stager_module.live_stagers() == live0 + 1
     torch.cuda.synchronize()
     assert torch.equal(base[:200], table[ids[-1]].to(torch.bfloat16))
     slabs = [torch.zeros(8, W, dtype=torch.bfloat16, device=DEV) for _ in range(200)]
@@ -173,12 +174,12 @@ def test_slab_views_staged_then_dropped_give_memory_back():
         for slab, i in zip(slabs, ids):
             stage_embeddings(slab, i[:8], table, errors=errors)
     torch.cuda.synchronize()  # (a stager the cache let go of lives on until its queued work has run)
-    assert launch.live_stagers() <= live0 + op_stagers.MAX_STAGERS
+    assert stager_module.live_stagers() <= live0 + op_stagers.MAX_STAGERS
     assert all(torch.equal(s[:len(i[:8])], table[i[:8]].to(torch.bfloat16)) for s, i in zip(slabs, ids))
     del base, slabs, ids, slab, i  # (the loop's names hold the last slab too)
     gc.collect()
     torch.cuda.synchronize()
-    assert launch.live_stagers() == live0, "stagers (pinned rings, device blocks) outlived their slabs"
+    assert stager_module.live_stagers() == live0, "stagers (pinned rings, device blocks) outlived their slabs"
     assert torch.cuda.memory_allocated() == mem0, "device memory was not given back"
     assert errors[0].item() == 0
 
@@ -190,7 +191,7 @@ def test_a_dropped_stager_outlives_its_queued_work():
     errors = new_error_word(DEV)
     gc.collect()
     torch.cuda.synchronize()
-    live0 = launch.live_stagers()
+    live0 = stager_module.live_stagers()
     slab = torch.zeros(16, W, dtype=torch.bfloat16, device=DEV)
     ids = torch.arange(16, device=DEV) % 20
     torch.cuda._sleep(40 * BUSY)  # (~1 s: longer than a new stager's pinned ring and a full gc.collect() take)
@@ -198,9 +199,9 @@ def test_a_dropped_stager_outlives_its_queued_work():
         stage_embeddings(slab, ids, table, errors=errors)
         del slab
         gc.collect()
-        assert launch.live_stagers() == live0 + 1  # collected, but its work is still queued
+        assert stager_module.live_stagers() == live0 + 1  # collected, but its work is still queued
     torch.cuda.synchronize()
-    assert launch.live_stagers() == live0
+    assert stager_module.live_stagers() == live0
 
 
 def test_an_op_captured_in_a_callers_graph_replays_after_its_stager_is_dropped():

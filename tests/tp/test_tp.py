@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from slabstage import PrefillGraphRunner, StagingBuffers, stage_embeddings
 from slabstage.distributed import SlabAllReduce, all_reduce_in_forward, vocab_parallel_args, vocab_shard
-from slabstage.kernels.launch import stage_batch
+from slabstage.staging.stager import stage_batch
 from slabstage.models import ToyMultimodalModel, make_batch
 
 import builders  # noqa: I001 - tests/builders.py

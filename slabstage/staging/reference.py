@@ -2,7 +2,7 @@
 
 They serve as the CPU path (when Triton's interpreter is off) and as the ground
 truth the tests compare the kernels against. They take a batch that passed the
-one validation (:func:`~slabstage.kernels.validate.check_batch`), never index out
+one validation (:func:`~slabstage.staging.validate.check_batch`), never index out
 of bounds and never synchronise with the host. They run under inference mode, so
 destinations made in or outside it are written alike.
 """
@@ -12,11 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..staging.buffers import NO_ROW
-from ..staging.slots import COUNT, REQUESTS, SLOTS
-from .errors import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, writing_word
+from ..kernels.layout import BAD_MEDIA_INDEX, BAD_TOKEN_ID, COUNT, MEDIA_COUNT_MISMATCH, REQUESTS
+from .buffers import NO_ROW
+from .destinations import Destinations
+from .errors import writing_word
 from .mrope import mrope_from_segments
-from .configuration import LAYOUT_SLOT
+from .slots import SLOTS
+from .validate import LAYOUT_SLOT, Inputs, check_batch
 
 __all__ = ["stage_reference", "stage_embeddings_reference", "media_index_from_mask_reference"]
 
@@ -52,7 +54,7 @@ def _record(errors: torch.Tensor, bad_id: torch.Tensor, bad_media: torch.Tensor)
 
 
 def media_rows(plan) -> torch.Tensor | None:
-    """The media of a :class:`~slabstage.kernels.media.MediaPlan` as one tensor: its items end to end
+    """The media of a :class:`~slabstage.staging.validate.MediaPlan` as one tensor: its items end to end
     (empty items are skipped: they are never read, wherever they are)."""
     if plan is None:
         return None
@@ -136,10 +138,6 @@ def stage_embeddings_reference(slab, input_ids, table, *, errors, pad_to=None, m
                                expand="zeros", text_scale=None, vocab_range=None, vocab_size=None, media_owner=True):
     """:func:`slabstage.stage_embeddings` in PyTorch, whatever the device: the same validation, then
     :func:`stage_reference` (for tests and tools that compare the kernel with it)."""
-    from .launch import Inputs
-    from .destinations import Destinations
-    from .validate import check_batch
-
     dst = Destinations(slab=slab, errors=errors, host_ok=False)
     src = Inputs(input_ids=input_ids, table=table, media=media, media_index=media_index, expand=expand,
                  text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)

@@ -1,6 +1,6 @@
 """What a stager writes, checked once per set of destinations: the slab, every integer slot, the error word.
 
-:func:`~slabstage.kernels.validate.check_batch` checks each batch against a :class:`Destinations`; its
+:func:`~slabstage.staging.validate.check_batch` checks each batch against a :class:`Destinations`; its
 ``clear_of`` tests a source's bytes against all of them at once.
 """
 
@@ -12,7 +12,7 @@ from itertools import repeat
 import torch
 
 from ..checks import FLOAT_DTYPES, INT_DTYPES, byte_span, check_fill, check_tensor, overlap_message
-from ..staging.slots import COUNT, REQUESTS, ROWS, SLOTS, SOURCE_SLOTS
+from .slots import COUNT, REQUESTS, ROWS, SLOTS, SOURCE_SLOTS
 from .errors import check_error_word
 
 __all__ = ["Destinations", "INT_BITS"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .errors import default_error_word, raise_if_errors
-from .launch import Inputs
+from .validate import Inputs
 from .op_stagers import slab_stager
 
 __all__ = ["stage_embeddings"]

@@ -7,7 +7,7 @@
 every destination's address). The cache holds at most :data:`MAX_STAGERS` and no reference to any tensor it
 serves: a finalizer on each slab's storage (each token destination's base tensor) drops its entries when
 that is collected, and a dropped stager frees its pinned ring and device block once the device work it
-queued has finished (:mod:`slabstage.kernels.launch`).
+queued has finished (:mod:`slabstage.staging.stager`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections import OrderedDict
 
 import torch
 
-from ..staging.registry import slot_signature
+from .registry import slot_signature
 from .destinations import Destinations
-from .launch import Stager
+from .stager import Stager
 
 __all__ = ["slab_stager", "slots_destinations", "slots_stager", "MAX_STAGERS", "cached_stagers", "clear"]
 

@@ -1,4 +1,4 @@
-"""The staging kernel's parameter block: its layout, and the pinned ring it travels through.
+"""The staging kernel's parameter block, word by word: one name per word, for the host and the kernels alike.
 
 Everything that changes from one batch to the next reaches the kernel as data in
 one parameter block of int64 words, not as launch arguments, so a captured launch serves
@@ -22,29 +22,31 @@ every batch. Layout (word offsets):
 
 Dtype codes: integers ``INT32_CODE``, ``INT64_CODE`` (``NO_INPUT``: no such input); floats ``FLOAT16_CODE``,
 ``BFLOAT16_CODE``, ``FLOAT32_CODE``. A source of ``LAYOUT_CODE`` (the mrope slot's alone) is a segment list
-(:mod:`slabstage.kernels.mrope`) in the parameter block: its address, then its segment count.
+(``SEG_*`` words, below; built by
+:mod:`slabstage.staging.mrope`) in the parameter block: its address, then its segment count.
 
-The kernels read these constants under the same names (:mod:`slabstage.kernels.consts`).
+Also here: the slot kinds (:data:`~slabstage.staging.slots.SLOTS`' ``kind``), the error word's bits and the
+mrope segment words.
 
-The ring: ``K`` pinned slots of one pinned buffer, step ``s`` written into slot
-``s % K``. Its parameter block reaches the stager's device copy through a copy queued before
-the launch (eager paths), or through the fetch kernel that begins every captured
-graph: it reads the device counter (the last step staged) and copies slot
-``(counter + 1) % K``. Program 0 of each staging launch stores its step into the
-counter and into the ring's ``done`` word (pinned, read by the host): the parameter block of
-step ``s`` has been read by then. The host writes step ``s`` only once
-``done >= s - K``: no event, no host sync unless the host runs ``K`` steps ahead of
-the device.
+The kernels read every upper-case integer of this module under the same name, as an attribute of
+:data:`device` (``from .layout import device as K``; ``K.H_VOCAB_START``). A Triton launch compares each global
+its kernel reads with the value it was compiled with (7.6 µs a launch on the H200's host for some fifty of
+them), but not a module's attributes: :data:`device` is a module whose attributes are these values as
+``tl.constexpr``, and ``KEY``, their checksum, is the one global each kernel reads (it puts them into Triton's
+compile-cache key).
+
 """
 
 from __future__ import annotations
 
-import time
+import zlib
 
 import torch
 
+from . import runtime
+
 __all__ = ["HEADER_WORDS", "MAX_ITEM_WORDS", "SOURCE_WORDS", "DEST_WORDS", "INT_CODE", "LAYOUT_CODE", "FLOAT_CODE",
-           "FLOAT_BYTES", "PinnedRing"]
+           "FLOAT_BYTES", "device"]
 
 # -- header ------------------------------------------------------------------------------
 (H_STEP, H_DONE, H_COUNTER, H_WORDS, H_N, H_B, H_VOCAB_START, H_VOCAB_END, H_VOCAB_SIZE, H_SCALE, H_FLAGS,
@@ -86,45 +88,36 @@ FLOAT16_CODE, BFLOAT16_CODE, FLOAT32_CODE = 0, 1, 2
 FLOAT_CODE = {torch.float16: FLOAT16_CODE, torch.bfloat16: BFLOAT16_CODE, torch.float32: FLOAT32_CODE}
 FLOAT_BYTES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
 
+# -- slot kinds: how a slot is laid out and what the kernel writes into it
+TOKENS = 0  # [T]: rows [0, n) copied, [n, pad_to) padded
+ROWS = 1  # [rows, T] (token axis 1): each row as TOKENS
+REQUESTS = 2  # [max_batch_size]: [0, b) copied, the rest padded
+COUNT = 3  # [1]: the batch's token count, never padded
 
-class PinnedRing:
-    """``K`` pinned slots of ``slot_bytes`` each, in one pinned buffer, written in turn (module docstring).
+# -- the error word's bits (word 0; slabstage.staging.errors)
+BAD_TOKEN_ID = 1  # a text row's id is negative or >= the vocabulary size
+BAD_MEDIA_INDEX = 2  # a media row's index is >= the number of media rows
+MEDIA_COUNT_MISMATCH = 4  # placeholder rows in the mask != media rows given
+VALUE_OUT_OF_RANGE = 8  # a device integer input does not fit its slot's dtype (stored truncated)
 
-    ``take()`` returns the step the next launch carries and the word offset of its slot;
-    ``commit(step)`` records that its launch was queued. ``words`` is the whole ring as
-    int64 words (a numpy view for the host, ``tensor`` for a kernel). On the CPU every
-    launch has finished when it returns, so nothing is ever waited for.
-    """
+# -- an mrope segment's words: its first row, base, area, columns, first offset, interval code, interval (then
+#    one spare)
+SEG_FIRST_ROW, SEG_BASE, SEG_AREA, SEG_COLUMNS, SEG_OFFSET, SEG_CODE, SEG_INTERVAL = range(7)
+SEGMENT_WORDS = 8
+# interval codes: how the temporal offset floor(i * interval) is computed, as torch computes
+# ``arange(t) * interval`` for an interval of that kind (an int; a float32; a float64)
+INTERVAL_INT, INTERVAL_F32, INTERVAL_F64 = 0, 1, 2
+SOFT_CASTS = runtime.SOFT_CASTS  # (the interpreter's casts: see slabstage.kernels.runtime)
 
-    def __init__(self, slot_bytes: int, pinned: bool, k: int = 8) -> None:
-        self.k = k
-        self.slot_words = -(-slot_bytes // 64) * 8  # whole 64-byte lines
-        with torch.inference_mode(False):  # normal tensors, in and outside inference mode
-            self.tensor = torch.zeros(k * self.slot_words, dtype=torch.int64, device="cpu", pin_memory=pinned)
-            self.done = torch.zeros(2, dtype=torch.int64, device="cpu", pin_memory=pinned)
-        self.words = self.tensor.numpy()
-        self.base = self.tensor.data_ptr()
-        self.done_addr = self.done.data_ptr()
-        self.spare_done_addr = self.done_addr + 8  # where a launch outside the ring reports
-        self._done = memoryview(self.done.numpy())  # (a Python int a read: cheaper than numpy's scalars)
-        self.step = 0
 
-    def take(self) -> tuple[int, int]:
-        """``(step, word offset of its slot)`` for the next launch."""
-        step = self.step + 1
-        if self._done[0] < step - self.k:
-            self._wait(step - self.k)
-        return step, (step % self.k) * self.slot_words
+def _device_view():
+    """The module the kernels read: every upper-case int here as a ``tl.constexpr``, and ``KEY``."""
+    view = type(runtime)(__name__ + ".device")
+    values = {k: v for k, v in globals().items() if k.isupper() and type(v) in (int, bool)}
+    for k, v in values.items():
+        setattr(view, k, runtime.Constant(v))
+    view.KEY = runtime.Constant(zlib.crc32(repr(sorted(values.items())).encode()))
+    return view
 
-    def commit(self, step: int) -> None:
-        """The launch carrying ``step`` was queued (a step whose launch never came is not counted)."""
-        self.step = step
 
-    def _wait(self, step: int) -> None:
-        """The host is ``K`` steps ahead of the device: wait for the launch of ``step`` to start."""
-        deadline = time.monotonic() + 60.0
-        while self._done[0] < step:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"slabstage: staging step {step} has not started on the device after 60 s "
-                                   f"(the ring's done word reads {int(self._done[0])})")
-            time.sleep(20e-6)
+device = _device_view() if runtime.Constant is not None else None

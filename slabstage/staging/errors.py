@@ -29,7 +29,8 @@ import threading
 
 import torch
 
-from ..staging.buffers import ERROR_WORD_SIZE, NO_ROW, new_error_word
+from ..kernels.layout import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, VALUE_OUT_OF_RANGE
+from .buffers import ERROR_WORD_SIZE, NO_ROW, new_error_word
 
 __all__ = [
     "BAD_TOKEN_ID",
@@ -46,10 +47,7 @@ __all__ = [
     "writing_word",
 ]
 
-BAD_TOKEN_ID = 1  # a text row's id is negative or >= the vocabulary size
-BAD_MEDIA_INDEX = 2  # a media row's index is >= the number of media rows
-MEDIA_COUNT_MISMATCH = 4  # placeholder rows in the mask != media rows given
-VALUE_OUT_OF_RANGE = 8  # a device integer input does not fit its slot's dtype (stored truncated)
+# the codes (bits of word 0) are named in slabstage.kernels.layout, where the kernels read them
 
 _NAMES = {
     BAD_TOKEN_ID: "token id outside the vocabulary",

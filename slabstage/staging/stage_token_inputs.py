@@ -6,8 +6,9 @@ import inspect
 
 import torch
 
-from ..staging.slots import SOURCE_SLOTS
-from .launch import Inputs, Stager
+from .slots import SOURCE_SLOTS
+from .stager import Stager
+from .validate import Inputs
 
 __all__ = ["stage_token_inputs"]
 

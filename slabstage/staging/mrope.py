@@ -27,15 +27,11 @@ import numpy as np
 import torch
 
 from ..checks import INT64_MAX, check_float32, check_int, is_int
+from ..kernels.layout import (INTERVAL_F32, INTERVAL_F64, INTERVAL_INT, SEG_AREA, SEG_BASE, SEG_CODE, SEG_COLUMNS,
+                              SEG_FIRST_ROW, SEG_INTERVAL, SEG_OFFSET, SEGMENT_WORDS)
 
 __all__ = ["MropeLayout", "check_layouts", "mrope_segments", "mrope_from_segments", "SEGMENT_WORDS"]
 
-# a segment's words: its first row, base, area, columns, first offset, interval code, interval (then one spare)
-SEG_FIRST_ROW, SEG_BASE, SEG_AREA, SEG_COLUMNS, SEG_OFFSET, SEG_CODE, SEG_INTERVAL = range(7)
-SEGMENT_WORDS = 8
-# interval codes: how the temporal offset floor(i * interval) is computed, as torch computes
-# ``arange(t) * interval`` for an interval of that kind (an int; a float32; a float64)
-INTERVAL_INT, INTERVAL_F32, INTERVAL_F64 = 0, 1, 2
 _FLOAT_CODE = {torch.float32: INTERVAL_F32, torch.float64: INTERVAL_F64}
 
 

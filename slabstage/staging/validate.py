@@ -1,0 +1,692 @@
+"""The one validation of a staging batch, for every path (graph, eager, the ops, the custom ops).
+
+Every rule a batch must satisfy is stated here once, beside the others: the width rules
+(:func:`check_source_width`, :func:`check_media_width`), the media checks (:func:`describe_media`), the
+batch checks (:func:`check_batch`), and the mrope layouts' through :func:`~slabstage.staging.mrope.mrope_segments`;
+the generic rules (a tensor's dtype, device, rank; an int, not a bool) come from :mod:`slabstage.checks`.
+Three parts, checked in this order:
+
+- :class:`~slabstage.staging.destinations.Destinations` checks what a stager writes (the slab, every integer
+  slot, the error word) once per set of destinations;
+- :func:`configuration` reads a batch's tensors (once, a column at a time: every dtype, then every device, ...;
+  the reads are most of a batch's host time) and checks what its *configuration* fixes the first time it is
+  seen, keeping a :class:`Config`. A configuration is which of its fields hold tensors, each tensor's dtype,
+  device and rank, the table's and the media tensor's width, ``expand`` and ``media_owner`` (values compared by
+  type and value, so ``1`` is not ``True``);
+- :func:`check_batch` checks what can change from batch to batch (lengths, strides, ``pad_to``, bounds,
+  ``text_scale``, the media items, the mrope layouts, storage overlap with the destinations) on every batch,
+  and returns the :class:`Checked` batch the parameter block and the reference are built from.
+
+Every check runs before anything is written; each error names what was wrong and what was expected.
+
+Media: ``media`` is one 2-D tensor or a sequence of items laid end to end, each a 2-D tensor or a tuple of
+column blocks with equal rows (DeepStack: block 0 the embeddings, block ``i`` level ``i - 1``).
+:func:`describe_media` checks them and returns a :class:`MediaPlan`: each item's first media row and, per
+column block, ``(address, row stride, first column, end column)``; the kernel finds a row's item from them, so
+nothing is concatenated. Items may sit in pinned host memory when the slab is on a CUDA device (the kernel reads
+them through their mapped address); an empty item is never read. ``media`` may instead be a list of
+:class:`~slabstage.cache.Entry` handles of one :class:`~slabstage.cache.EncoderCache`: each is an item of one
+block, the cache's full width, at its arena address (no tensor is read).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import reduce
+from itertools import accumulate, chain, repeat
+from operator import add, attrgetter, itemgetter, mul, or_, sub
+from types import SimpleNamespace
+from typing import NamedTuple
+
+import torch
+
+from ..cache.encoder_cache import Entry
+from ..checks import (F32_MAX, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_bool, check_choice, check_float32,
+                      check_int, check_real, check_tensor, check_values, vocab_bounds)
+from ..kernels.layout import FLOAT_BYTES, MAX_ITEM_WORDS, REQUESTS, ROWS, SEGMENT_WORDS
+from .destinations import INT_BITS, Destinations
+from .mrope import check_layouts, mrope_segments
+from .slots import SOURCE_SLOTS
+from .width import WidthContractError
+
+__all__ = ["Checked", "Config", "Inputs", "MediaPlan", "check_batch", "check_configuration", "check_media_width",
+           "check_source_width", "check_sources", "configuration", "describe_media", "fields_of", "one_tensor_plan",
+           "FIELDS", "DEFAULTS", "SOURCES", "LAYOUT_SLOT", "TABLE", "MEDIA", "INDEX", "EXPAND", "SCALE",
+           "VOCAB_RANGE", "VOCAB_SIZE", "OWNER", "ELEM"]
+
+SOURCES = tuple(spec.name for spec in SOURCE_SLOTS)
+# a batch's fields (PrefillBatch's), and the defaults of those a caller may leave out
+DEFAULTS = dict.fromkeys(SOURCES) | dict(table=None, media=None, media_index=None, expand="zeros", text_scale=None,
+                                         vocab_range=None, vocab_size=None, media_owner=True)
+FIELDS = tuple(DEFAULTS)
+TABLE, MEDIA, INDEX, EXPAND, SCALE, VOCAB_RANGE, VOCAB_SIZE, OWNER = range(len(SOURCES), len(FIELDS))
+LAYOUT_SLOT = SOURCES.index("mrope_positions")  # the slot whose source may be layouts (slabstage.MropeLayout)
+_fields = attrgetter(*FIELDS)
+_T = torch.Tensor
+_dtype, _device, _size, _stride, _ptr = attrgetter("dtype"), _T.get_device, _T.size, _T.stride, _T.data_ptr
+ELEM = {torch.int32: 4, torch.int64: 8, torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
+_UNREADABLE = (RuntimeError, TypeError, AttributeError, NotImplementedError, ValueError)  # sparse, nested, ...
+
+
+class Inputs:
+    """A batch as keyword arguments, named as :class:`~slabstage.PrefillBatch` names its fields (a field not
+    given takes PrefillBatch's default)."""
+
+    def __init__(self, **fields) -> None:
+        self.__dict__.update(fields)
+
+
+for _name, _default in DEFAULTS.items():  # (class attributes: what a field not given reads)
+    setattr(Inputs, _name, _default)
+
+
+class Config:
+    """What one configuration fixes, checked once: what the per-batch checks and the block writer read.
+
+    ``sources``: per integer source given that a slot takes, ``(read position, slot, kind, rows, name, element
+    bytes, whether it travels in the block, the slot's dtype when its host values must be checked)``;
+    ``table``, ``media``, ``index``: read positions (None: absent, or media as a list of items); ``host_ids``
+    and ``host_index``: those travel in the block; ``block``: the block writer's template (made on first use).
+    """
+
+    __slots__ = ("sources", "table", "media", "index", "host_ids", "host_index", "template")
+
+    def __init__(self, dst, at: dict, devices: tuple, dtypes: tuple) -> None:
+        host = dst.host
+        self.sources = tuple(
+            (at[k], k, spec.kind, spec.rows, spec.name, ELEM[dtypes[at[k]]], host and devices[at[k]] < 0,
+             dst.slots[k].dtype if devices[at[k]] < 0 and dst.bits[k] < INT_BITS[dtypes[at[k]]] else None)
+            for k, spec in enumerate(SOURCE_SLOTS) if k in at and dst.slots[k] is not None)
+        self.table, self.media, self.index = at.get(TABLE), at.get(MEDIA), at.get(INDEX)
+        self.host_ids = host and devices[0] < 0
+        self.host_index = self.index is not None and host and devices[self.index] < 0
+        self.template = None  # the words of a parameter block this configuration fixes (ParamsWriter)
+
+
+class _Form:
+    """Which fields of a batch hold tensors, from their types alone: the positions of their reads."""
+
+    __slots__ = ("pick", "at", "table", "media", "configs")
+
+    def __init__(self, types: tuple, embed: bool) -> None:
+        tensors = [j for j in range(len(SOURCES) + 3) if issubclass(types[j], _T) and (embed or j < len(SOURCES))]
+        self.at = {j: p for p, j in enumerate(tensors)}
+        picked = itemgetter(*tensors) if tensors else (lambda vals: ())
+        self.pick = picked if len(tensors) != 1 else (lambda vals: (picked(vals),))
+        self.table, self.media = self.at.get(TABLE), self.at.get(MEDIA)  # (their widths are configuration)
+        self.configs: dict = {}
+
+
+def fields_of(src) -> tuple[tuple, object]:
+    """``(fields, layouts)``: the batch's fields in :data:`FIELDS` order (a field it lacks: the default), with
+    mrope layouts (:class:`~slabstage.MropeLayout` values, not a tensor) taken out of them, or None."""
+    vals = _fields(src)
+    layouts = vals[LAYOUT_SLOT]
+    if layouts is None or type(layouts) is _T:
+        return vals, None
+    return (*vals[:LAYOUT_SLOT], None, *vals[LAYOUT_SLOT + 1:]), layouts
+
+
+def _read(ts: tuple) -> tuple:
+    """``(tensors, dtypes, devices, shapes, strides, addresses)``, a column at a time."""
+    return (ts, tuple(map(_dtype, ts)), tuple(map(_device, ts)), tuple(map(_size, ts)), tuple(map(_stride, ts)),
+            tuple(map(_ptr, ts)))
+
+
+def configuration(dst: Destinations | None, vals: tuple, forms: dict, embed: bool):
+    """``(Config, reads)`` of the batch ``vals`` (:func:`fields_of`): its tensors read, its configuration looked
+    up in ``forms`` (the caller's: one a stager), or checked and kept there; raises when it is refused.
+    ``dst`` None: the checks that need no destinations (:func:`~slabstage.staging.validate.check_sources`).
+    ``reads``: ``(tensors, dtypes, device indices, shapes, strides, addresses)``."""
+    types = tuple(map(type, vals))
+    form = forms.get(types)
+    if form is None:
+        form = forms[types] = _Form(types, embed)
+    try:
+        reads = _read(form.pick(vals))
+        shapes = reads[3]
+        key = (*reads[1], *reads[2], *map(len, shapes), form.table is not None and shapes[form.table][-1:],
+               form.media is not None and shapes[form.media][-1:], vals[EXPAND], vals[OWNER])
+        config = form.configs.get(key)
+        if config is not None and 0 not in reads[5]:
+            return config, reads
+    except _UNREADABLE:  # not a tensor one can read, or an unhashable look-alike of a switch
+        key = reads = None
+    check_configuration(dst, vals, embed)  # (raises for anything refused)
+    if reads is None:  # pragma: no cover - the check above names whatever could not be read
+        raise TypeError("slabstage: an input could not be read but no rule names why")
+    config = Config(dst if dst is not None else _ANYWHERE, form.at, reads[2], reads[1])
+    if key is not None and 0 not in reads[5]:  # (a tensor with no data is looked at every time: meta, empty)
+        if len(form.configs) >= 64:
+            form.configs.clear()
+        form.configs[key] = config
+    return config, reads
+
+
+# what check_sources checks a batch against: every slot, no host block, no narrowing
+_ANYWHERE = SimpleNamespace(host=False, slots=(SimpleNamespace(dtype=torch.int64),) * len(SOURCES),
+                            bits=(64,) * len(SOURCES))
+
+
+def _check_kinds(vals: tuple, device, host_ok: bool, slots: bool, embed: bool) -> None:
+    """Each input's kind, dtype, device and rank (``device=None``: any device). ``slots``: the integer
+    slots are written (their required sources must be given; the ids always are); ``embed``: the slab."""
+    for spec, t in zip(SOURCE_SLOTS, vals):
+        if t is None and not (spec.required and (slots or spec.name == "input_ids")):
+            continue
+        if spec.kind == ROWS:
+            if isinstance(t, _T) and t.dim() == 3 and t.shape[0] == spec.rows and t.shape[1] == 1:
+                raise ValueError(f"{spec.name} must be [{spec.rows}, n] for one packed batch, got {tuple(t.shape)} "
+                                 f"(the [3, batch, n] form of Hugging Face's get_rope_index): take [:, 0] of each "
+                                 f"request or use slabstage.hf.mrope_positions")
+            check_tensor(spec.name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok)
+        else:
+            check_tensor(spec.name, t, dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
+    if not embed:
+        return
+    check_tensor("table", vals[TABLE], dtypes=FLOAT_DTYPES, device=device, dims=2)
+    if isinstance(vals[MEDIA], _T):
+        check_tensor("media", vals[MEDIA], dtypes=FLOAT_DTYPES, device=device, dims=2)
+    if vals[INDEX] is not None:
+        check_tensor("media_index", vals[INDEX], dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
+    check_choice("expand", vals[EXPAND], ("zeros", "repeat"))
+
+
+def check_configuration(dst: Destinations | None, vals: tuple, embed: bool) -> None:
+    """The checks a configuration decides: kinds, dtypes, devices, ranks, widths, switches."""
+    if dst is None:  # (no destinations: any device, host inputs allowed, the slots' sources required)
+        _check_kinds(vals, None, True, True, True)
+        return
+    has_slots = any(s is not None for s in dst.slots)
+    _check_kinds(vals, dst.device, dst.host_ok, has_slots, embed)
+    for spec, t, slot in zip(SOURCE_SLOTS, vals, dst.slots):
+        if t is not None and slot is None and has_slots:
+            if spec.switch is not None:
+                raise ValueError(f"{spec.name} given but the buffers were allocated without {spec.switch}=True")
+            raise ValueError(f"{spec.name} given but the buffers have no {spec.name!r} slot")
+    if not embed:
+        return
+    width, table, media = dst.slab.shape[1], vals[TABLE], vals[MEDIA]
+    if table.shape[1] != width:
+        check_source_width("table", table.shape[1], width, vals[EXPAND])
+    check_bool("media_owner", vals[OWNER])
+    if vals[SCALE] is not None:
+        check_real("text_scale", vals[SCALE])
+    if isinstance(media, _T):
+        describe_media(media, dst.device, width, table.shape[1], vals[EXPAND])
+
+
+# -- every batch ------------------------------------------------------------------------------------------
+class Checked(NamedTuple):
+    """A batch that passed :func:`check_batch`: what the parameter block and the reference are built from.
+
+    ``fields``: the batch's fields in :data:`FIELDS` order (layouts taken out); ``reads``: ``(tensors,
+    dtypes, device indices, shapes, strides, addresses)`` of its tensors (``config`` says which is which);
+    ``scale``: ``text_scale`` as a float; ``media``: the media's plan; ``segments``: the mrope layouts'
+    segment list.
+    """
+
+    config: Config
+    n: int
+    b: int
+    pad_to: int
+    fields: tuple
+    reads: tuple
+    bounds: tuple | None = None
+    scale: float | None = None
+    media: MediaPlan | None = None
+    segments: list | None = None
+
+    ids = property(lambda self: self.fields[0])
+    table = property(lambda self: self.fields[TABLE])
+    media_index = property(lambda self: self.fields[INDEX])
+    expand = property(lambda self: self.fields[EXPAND])
+    media_owner = property(lambda self: self.fields[OWNER])
+
+    @property
+    def sources(self) -> list:
+        """Per :data:`~slabstage.staging.slots.SOURCE_SLOTS` row the tensor to copy (None: not given, or a slot
+        the stager does not write)."""
+        out = [None] * len(SOURCES)
+        for s in self.config.sources:
+            out[s[1]] = self.fields[s[1]]
+        return out
+
+
+def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
+    """Check the batch ``src`` (an object with :class:`~slabstage.PrefillBatch`'s fields; a field it lacks takes
+    the default in :data:`DEFAULTS`) against ``dst``; raise before anything is written. ``configs``: the
+    configurations checked so far for ``dst``'s stager (kept by the caller)."""
+    embed = dst.slab is not None
+    vals, layouts = fields_of(src)  # (the layouts are values: checked below, every batch)
+    config, reads = configuration(dst, vals, configs, embed)
+    _, dtypes, devices, shapes, strides, ptrs = reads
+    n = shapes[0][0]
+    spans = []  # name, first byte, end byte of every source read in place (checked against dst at the end)
+    b = _check_lengths(config.sources, reads, n, spans)
+    if b > dst.batch_cap and dst.batch_cap:
+        raise ValueError(f"{b} requests exceed max_batch_size={dst.batch_cap}")
+    if n > dst.capacity:
+        if not any(s is not None for s in dst.slots):
+            raise ValueError(f"{n} tokens exceed the slab's {dst.capacity} rows")
+        # (the runner's batches and stage_token_inputs' calls say it in their own words)
+        said = f"batch of {n} tokens exceeds" if hasattr(src, "num_tokens") else f"{n} tokens exceed"
+        raise ValueError(f"{said} the buffers' capacity of {dst.capacity} tokens")
+    if type(pad_to) is not int or not n <= pad_to <= dst.capacity:
+        if pad_to is None and not any(s is not None for s in dst.slots):
+            pad_to = n  # (stage_embeddings' default)
+        pad_to = check_int("pad_to", pad_to, lo=n, hi=dst.capacity)
+    if not config.sources or config.sources[0][1]:  # embeddings alone: the ids are read all the same
+        if n > 1 and strides[0][0] != 1:
+            check_tensor("input_ids", vals[0], dims=1)  # "... must be contiguous along its last axis"
+        if n and not config.host_ids:
+            spans += ("input_ids", ptrs[0], ptrs[0] + n * ELEM[dtypes[0]])
+    segments = None
+    if layouts is not None:
+        if dst.slots[LAYOUT_SLOT] is None:
+            if any(t is not None for t in dst.slots):
+                raise ValueError("mrope_positions given but the buffers were allocated without mrope=True")
+        else:
+            segments = mrope_segments(layouts, n, dst.slots[LAYOUT_SLOT].dtype)
+    if not embed:
+        _check_room(None, segments)
+        _clear(dst, spans)
+        return Checked(config, n, b, pad_to, vals, reads, segments=segments)
+
+    t = config.table
+    rows, tw = shapes[t]
+    if tw > 1 and strides[t][1] != 1:
+        check_tensor("table", vals[TABLE], dims=2)  # "... must be contiguous along its last axis"
+    m, media = config.media, vals[MEDIA]
+    if m is not None:
+        plan = one_tensor_plan(media, shapes[m], strides[m], ptrs[m], dtypes[m])
+    else:
+        plan = describe_media(media, dst.device, dst.slab.shape[1], tw, vals[EXPAND])
+    i = config.index
+    if i is not None:
+        _check_index(vals, reads, i, n)
+        if n and not config.host_index:  # (a host index travels in the block)
+            spans += ("media_index", ptrs[i], ptrs[i] + n * ELEM[dtypes[i]])
+    elif plan is not None:
+        raise ValueError("media was given without media_index: say which rows are media rows")
+    scale = vals[SCALE]
+    if scale is not None and not (type(scale) is float and math.isfinite(scale) and abs(scale) <= F32_MAX):
+        scale = check_float32("text_scale", scale)
+    if vals[VOCAB_RANGE] is None and vals[VOCAB_SIZE] is None and rows <= INT32_MAX:
+        bounds = (0, rows, rows)
+    else:
+        bounds = vocab_bounds(vals[VOCAB_RANGE], vals[VOCAB_SIZE], rows)
+    _check_room(plan, segments)
+    if rows and tw:
+        spans += ("table", ptrs[t], ptrs[t] + ((rows - 1) * strides[t][0] + tw) * ELEM[dtypes[t]])
+    _clear(dst, spans, plan)
+    return Checked(config, n, b, pad_to, vals, reads, bounds, scale, plan, segments)
+
+
+def _check_lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> int:
+    """The request count ``b``, after checking each integer source (``sources``, a :class:`Config`'s) against
+    ``n`` and ``b``; the bytes of each read in place go to ``spans`` (checked against every destination), and
+    host values a narrower slot cannot hold are refused."""
+    ts, dtypes, _, shapes, strides, ptrs = reads
+    b = -1
+    for at, _, kind, rows, name, elem, in_block, narrow in sources:
+        shape = shapes[at]
+        if kind == REQUESTS:
+            if b < 0:
+                b = shape[0] if len(shape) == 1 else 0
+            elif shape[0] != b:
+                raise ValueError(f"{name} has {shape[0]} entries but seq_lens has {b}: one per request")
+            want = (b,)
+        else:
+            want = (rows, n) if kind == ROWS else (n,)
+        if shape != want or (want[-1] > 1 and strides[at][-1] != 1):
+            check_tensor(name, ts[at], shape=want)  # names what is wrong
+        if spans is None:
+            continue
+        if narrow is not None:
+            check_values(name, ts[at], narrow)
+        if in_block:
+            continue
+        elems = want[0] if kind != ROWS else ((rows - 1) * strides[at][0] + n if n else 0)
+        if elems:
+            spans += (name, ptrs[at], ptrs[at] + elems * elem)
+    return max(b, 0)
+
+
+def _check_index(vals: tuple, reads: tuple, i: int, n: int) -> None:
+    """``media_index`` (read at position ``i``) is ``[n]`` and contiguous."""
+    if reads[3][i] != (n,) or (n > 1 and reads[4][i][0] != 1):
+        check_tensor("media_index", vals[INDEX], shape=(n,))  # names what is wrong
+
+
+def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
+    """The media items' and the mrope segments' lists fit the parameter block's room for them (on every path:
+    the reference has no block, and answers as the kernel does)."""
+    item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
+    seg_words = 0 if segments is None else len(segments)
+    if item_words + seg_words > MAX_ITEM_WORDS:
+        what = f"media has {len(plan.starts)} items of {plan.column_blocks} column blocks" if plan is not None else ""
+        if seg_words:
+            what += (" and " if what else "") + f"the mrope layouts make {seg_words // SEGMENT_WORDS} segments"
+        raise ValueError(f"{what}: their lists take {item_words + seg_words} words, at most {MAX_ITEM_WORDS} "
+                         f"fit the parameter block")
+
+
+def _clear(dst: Destinations, spans: list, plan: MediaPlan | None = None) -> None:
+    """Every source's bytes (``spans``: name, first byte, end byte of each; then the media blocks') miss every
+    destination: one pass over them all, errors named in that order."""
+    lows, highs = spans[1::3], spans[2::3]
+    if plan is not None and plan.lows:
+        lows += plan.lows
+        highs += plan.highs
+    dst.clear_of_all(lows, highs, lambda: chain(zip(spans[0::3], lows, highs), () if plan is None else plan.spans()))
+
+
+_SOURCE_FORMS: dict = {}  # the configurations check_sources has passed (a few per engine)
+
+
+def check_sources(src, what: str = "PrefillBatch") -> None:
+    """What a batch must satisfy on its own, with no destinations to check it against (a
+    :class:`~slabstage.PrefillBatch` when it is made): the checks of :func:`check_batch` that need none."""
+    vals, layouts = fields_of(src)
+    if layouts is not None:
+        check_layouts(layouts)  # (their values are checked where they are staged, with the rest of the batch)
+    config, reads = configuration(None, vals, _SOURCE_FORMS, True)
+    n = reads[3][0][0]
+    _check_lengths(config.sources, reads, n, None)
+    if config.index is not None:
+        _check_index(vals, reads, config.index, n)
+    elif vals[MEDIA] is not None:
+        raise ValueError(f"{what}.media was given without media_index")
+
+
+# -- media ------------------------------------------------------------------------------------------------
+_data_ptr, _is_cpu, _dense = _T.data_ptr, _T.is_cpu.__get__, _T.is_contiguous
+
+
+class MediaPlan(NamedTuple):
+    """Media checked and laid out for the kernel (see the module docstring)."""
+
+    media: tuple | list  # the items as given: tensors, or tuples of column blocks
+    rows: int
+    width: int
+    dtype: torch.dtype
+    starts: list  # first media row of each item
+    fields: list  # (address, row stride, first column, end column) per item and block
+    column_blocks: int  # column blocks per item in ``fields`` (an item with fewer is padded)
+    vec: bool  # every address, row stride and block column in whole 16-byte vectors
+    lows: list  # the bytes every block read spans (a block with rows and columns): first,
+    highs: list  # and end
+    entries: tuple | None = None  # media of cache entries: (the EncoderCache, the slots read)
+
+    @property
+    def items(self) -> tuple:
+        """Each item as a tuple of its column blocks."""
+        return _items(self.media)
+
+    def spans(self):
+        """``(name, first byte, end byte)`` of every block read, named as the errors name them."""
+        if self.entries is not None:
+            yield from self.entries[0].spans()
+            return
+        k = 0
+        for i, blocks in enumerate(self.items):
+            for j, t in enumerate(blocks):
+                if t.shape[0] and t.shape[1]:
+                    yield f"media item {i}" + (f" block {j}" if len(blocks) > 1 else ""), self.lows[k], self.highs[k]
+                    k += 1
+
+
+def describe_media(media, device: torch.device, slab_width: int, text_width: int, expand: str) -> MediaPlan | None:
+    """Check ``media`` (None, one 2-D tensor, or a sequence of items) and lay it out for the kernel.
+
+    Raises ``TypeError``/``ValueError`` naming the item and block that breaks a rule, and
+    :class:`WidthContractError` for widths (see :func:`check_media_width`).
+    """
+    if media is None:
+        return None
+    if isinstance(media, torch.Tensor):
+        check_tensor("media", media, dtypes=FLOAT_DTYPES, device=device, dims=2)
+        check_media_width("media", media.shape[1], slab_width, text_width, expand)
+        return _plan((media,), [media], None, device, slab_width, text_width)
+    if type(media) not in (list, tuple):
+        raise TypeError(f"media must be a 2-D tensor or a list of items (tensors or tuples of column blocks), "
+                        f"got {type(media).__name__}")
+    if not media:
+        raise ValueError("media is an empty list: pass None when the batch has no media")
+    kinds = set(map(type, media))
+    if Entry in kinds:
+        return _entries_plan(media, kinds, device, slab_width, text_width, expand)
+    if kinds == {torch.Tensor}:  # items of one block each
+        blocks, lens = media, None
+    elif kinds == {tuple}:  # items of column blocks
+        blocks, lens = list(chain.from_iterable(media)), list(map(len, media))
+    else:
+        items = _items(media)
+        blocks, lens = [t for item in items for t in item], list(map(len, items))
+    plan = _plan(media, blocks, lens, device, slab_width, text_width)
+    check_media_width("media item 0", plan.width, slab_width, text_width, expand)
+    return plan
+
+
+def one_tensor_plan(media: torch.Tensor, shape, stride, ptr: int, dtype: torch.dtype) -> MediaPlan:
+    """The plan of one media tensor whose configuration (kind, dtype, device, rank, width) was checked, from
+    what :func:`~slabstage.staging.validate.check_batch` read of it."""
+    (rows, width), (s0, s1) = shape, stride
+    if s1 != 1 and width > 1 and rows:
+        check_tensor("media", media, dims=2)  # "... must be contiguous along its last axis"
+    vec = not (ptr & 15) and not ((width | (s0 if rows > 1 else 0)) & 7)
+    lows, highs = ([ptr], [ptr + ((rows - 1) * s0 + width) * FLOAT_BYTES[dtype]]) if rows and width else ([], [])
+    return MediaPlan((media,), rows, width, dtype, [0], [ptr if rows else 0, s0, 0, width], 1, vec, lows, highs)
+
+
+def _entries_plan(media, kinds: set, device: torch.device, slab_width: int, text_width: int,
+                  expand: str) -> MediaPlan:
+    """The plan of cache handles ``media``: integers from the cache's tables, no tensor read."""
+    if len(kinds) > 1:
+        i = next(i for i, m in enumerate(media) if type(m) is not Entry)
+        raise TypeError(f"media item {i} is a {type(media[i]).__name__} but media item 0 is a cache Entry: "
+                        f"give cache entries or tensors, not both")
+    cache = media[0].cache
+    if cache.device != device and not (device.type == cache.device.type == "cuda" and device.index is None):
+        raise ValueError(f"media item 0 is an entry of an EncoderCache on {cache.device}; expected {device}")
+    starts, fields, rows, slots = cache.locate(media)
+    check_media_width("media (cache entries)", cache.width, slab_width, text_width, expand)
+    spans = cache.spans()
+    return MediaPlan(media, rows, cache.width, cache.dtype, starts, fields, 1, cache.vec, [s[1] for s in spans],
+                     [s[2] for s in spans], (cache, slots))
+
+
+def _items(media) -> tuple:
+    return tuple(m if type(m) is tuple else (m,) for m in media)
+
+
+def _name(i: int, item: tuple, j: int) -> str:
+    return f"media item {i}" + (f" block {j}" if len(item) > 1 else "")
+
+
+def _check_block(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensor(name, t, dtypes=FLOAT_DTYPES, dims=2)
+
+
+def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: int, text_width: int) -> MediaPlan:
+    """The plan of items ``media`` (``blocks``: their column blocks in order; ``lens``: each item's blocks, None
+    when each is one tensor) from one read of every block, worked out a column of the batch at a time in
+    C-level loops (the host time of many new items is their reads); any rule broken: the item-by-item check
+    names it."""
+    def explain():
+        _explain(_items(media), device, slab_width, text_width)
+
+    try:  # (a contiguous block's row stride is its width: its strides are read only when it is not)
+        ptrs, shapes, dense = list(map(_data_ptr, blocks)), list(map(_size, blocks)), list(map(_dense, blocks))
+        dtypes, devices = set(map(_dtype, blocks)), set(map(_device, blocks))
+    except (RuntimeError, TypeError, AttributeError):  # sparse, mkldnn, nested tensors have no strides or data
+        explain()
+    if len(dtypes) != 1 or set(map(len, shapes)) != {2}:
+        explain()
+    dtype = dtypes.pop()
+    elem = FLOAT_BYTES.get(dtype)
+    if elem is None:
+        explain()
+    rs, ws = zip(*shapes)
+    if False in dense:
+        s0s, s1s = zip(*map(_stride, blocks))
+        if any(s1 != 1 and w > 1 and r for r, w, s1 in zip(rs, ws, s1s)):
+            explain()  # rows must be contiguous
+    else:
+        s0s = ws
+    on_cuda = device.type == "cuda"
+    dev = (device.index if device.index is not None else torch.cuda.current_device()) if on_cuda else -1
+    if devices != {dev} or (not on_cuda and 0 in ptrs and not all(map(_is_cpu, blocks))):  # (-1 is meta too)
+        for t, r in zip(blocks, rs):  # an empty block is never read; a pinned host item is read in place
+            if r and (t.get_device() != dev or not (on_cuda or t.is_cpu)) and not (on_cuda and t.is_cpu and
+                                                                                  t.is_pinned()):
+                explain()
+    n, k = len(media), 1 if lens is None else max(lens)
+    if k > 1 or (lens is not None and 0 in lens):
+        if 0 in lens:
+            explain()  # an item with no block
+        if lens.count(k) != n:  # items of fewer blocks: padded with empty ones
+            rs, ws, s0s, ptrs = _pad(lens, rs, ws, s0s, ptrs, k, text_width if slab_width > text_width else None,
+                                     explain)
+        elif slab_width > text_width and ws[0::k].count(text_width) != n:
+            explain()  # block 0 holds the embeddings
+    item_rows = rs[0::k] if k > 1 else rs
+    for j in range(1, k):
+        if rs[j::k] != item_rows:
+            explain()  # the blocks of an item share their rows
+    if k == 1:
+        width, ends = ws[0], ws
+        if ws.count(width) != n:
+            explain()  # items share one row width
+    elif ws == ws[:k] * n:  # every item of the same blocks: their columns once
+        ends = list(accumulate(ws[:k]))
+        width, ends = ends[-1], ends * n
+    else:  # an item's columns: its blocks side by side, each item's from 0
+        ends = list(accumulate(ws))
+        width = ends[k - 1]
+        if ends[k - 1::k] != list(range(width, width * (n + 1), width)):
+            explain()  # items share one row width
+        ends = [e - width * (i // k) for i, e in enumerate(ends)]
+    if 0 in rs:
+        ptrs = [p if r else 0 for p, r in zip(ptrs, rs)]
+    fields = [0] * (4 * len(ptrs))
+    fields[0::4], fields[1::4], fields[2::4], fields[3::4] = ptrs, s0s, list(map(sub, ends, ws)), ends
+    if 0 in rs or 0 in ws:  # the bytes each block with rows and columns reads, for the overlap checks
+        spans = [(p, p + ((r - 1) * s + w) * elem) for p, r, w, s in zip(ptrs, rs, ws, s0s) if r and w]
+        lows, highs = (list(x) for x in zip(*spans)) if spans else ([], [])
+    elif s0s is ws and ws.count(ws[0]) == len(ws):  # contiguous blocks of one width: rows x width bytes
+        lows, highs = ptrs, list(map(add, ptrs, map(mul, rs, repeat(ws[0] * elem))))
+    else:
+        lows, highs = ptrs, list(map(add, ptrs, map(mul, map(add, map(mul, map(sub, rs, repeat(1)), s0s), ws),
+                                                    repeat(elem))))
+    starts = list(accumulate(item_rows, initial=0))
+    rows = starts.pop()
+    align = reduce(or_, ptrs, 0) & 15 or (reduce(or_, ws, width) if k > 1 else width) & 7
+    if not align and s0s is not ws:  # (the row stride of an item of one row is never used)
+        align = reduce(or_, s0s if min(rs) > 1 else (s for s, r in zip(s0s, rs) if r > 1), 0) & 7
+    return MediaPlan(media, rows, width, dtype, starts, fields, k, not align, lows, highs)
+
+
+def _pad(lens: list, rs, ws, s0s, ptrs, k: int, text_width: int | None, explain):
+    """Rows, widths, row strides and addresses with every item (``lens``: its blocks) padded to ``k`` blocks by
+    empty ones (no address, no columns, the item's rows); with ``text_width``, block 0 of an item of several
+    must be that wide (it holds the embeddings)."""
+    out = [], [], [], []
+    at = 0
+    for m in lens:
+        if text_width is not None and m > 1 and ws[at] != text_width:
+            explain()
+        for col, given, fill in zip(out, (rs, ws, s0s, ptrs), (rs[at], 0, 0, 0)):
+            col.extend(given[at:at + m])
+            col.extend([fill] * (k - m))
+        at += m
+    return out
+
+
+def _explain(items: tuple, device: torch.device, slab_width: int, text_width: int):
+    """Check media items one by one; raise naming the first item and block that breaks a rule."""
+    width = dtype = None
+    for i, item in enumerate(items):
+        if not item:
+            raise ValueError(f"media item {i} is an empty tuple: give at least one column block")
+        item_rows, cols = None, 0
+        for j, t in enumerate(item):
+            name = _name(i, item, j)
+            _check_block(name, t)
+            if dtype is None:
+                dtype = t.dtype
+            elif t.dtype != dtype:
+                raise TypeError(f"{name} is {t.dtype} but media item 0 is {dtype}: items share one dtype")
+            if not (t.device == device or (t.numel() == 0 and t.device.type == "cpu")):
+                if t.device.type == "cpu" and device.type == "cuda":
+                    if not t.is_pinned():
+                        raise ValueError(f"{name} is in pageable host memory: the kernel reads host items "
+                                         f"through their device-mapped address, so pin it (tensor.pin_memory())")
+                else:
+                    raise ValueError(f"{name} is on {t.device}; expected {device}")
+            if item_rows is None:
+                item_rows = t.shape[0]
+            elif t.shape[0] != item_rows:
+                raise ValueError(f"{name} has {t.shape[0]} rows but block 0 of media item {i} has {item_rows}: "
+                                 f"the column blocks of an item share their rows")
+            if j == 0 and len(item) > 1 and slab_width > text_width and t.shape[1] != text_width:
+                raise WidthContractError(
+                    f"{name} is {t.shape[1]} wide: block 0 holds the embeddings, so it must be the text width "
+                    f"{text_width} when the slab ({slab_width}) is wider")
+            cols += t.shape[1]
+        if width is None:
+            width = cols
+        elif cols != width:
+            raise WidthContractError(f"media item {i} is {cols} wide but media item 0 is {width}: items share one "
+                                     f"row width (the column blocks of an item add up to it)")
+    raise AssertionError("slabstage: media items were refused but no rule names why")  # pragma: no cover
+
+
+# -- the width contract of what is written into the slab --------------------------------------------------
+def check_source_width(name: str, source_width: int, slab_width: int, expand: str) -> None:
+    """Check that rows ``source_width`` wide can be written into a ``slab_width`` slab.
+
+    ``expand`` is ``"zeros"`` (columns past the source are zero) or ``"repeat"``
+    (the source is tiled; the slab width must be a multiple of it). Raises
+    :class:`WidthContractError` naming the source, both widths and the policy.
+    """
+    if source_width > slab_width:
+        raise WidthContractError(
+            f"{name} rows are {source_width} wide but the input_embeds slab is {slab_width} wide: "
+            f"the declared input_embeds width is too narrow for this source"
+        )
+    if source_width < slab_width:
+        if expand == "repeat" and (source_width <= 0 or slab_width % source_width):
+            raise WidthContractError(
+                f"{name} width {source_width} does not divide the slab width {slab_width}: "
+                f'expand="repeat" needs a whole number of copies'
+            )
+        if expand not in ("zeros", "repeat"):
+            raise WidthContractError(
+                f'{name} is {source_width} wide, narrower than the slab ({slab_width}); '
+                f'expand must be "zeros" or "repeat", got {expand!r}'
+            )
+
+
+def check_media_width(name: str, media_width: int, slab_width: int, text_width: int, expand: str) -> None:
+    """Check the width contract for media rows ``media_width`` wide.
+
+    Media rows are as wide as the slab, or as wide as the text (the table's rows,
+    ``text_width``) with an expand policy (``"zeros"`` or ``"repeat"``, checked as
+    :func:`check_source_width` checks the table). Any other width is refused, even
+    one that an expand policy could fill: media narrower than the slab must line up
+    with the text rows column for column. Raises :class:`WidthContractError` naming
+    the source, the widths and the policy.
+    """
+    if media_width == slab_width:
+        return
+    if media_width != text_width:
+        raise WidthContractError(
+            f"{name} rows are {media_width} wide, but media must be as wide as the input_embeds slab "
+            f"({slab_width}) or as the text rows ({text_width}, with expand=\"zeros\" or \"repeat\"); "
+            f"got expand={expand!r}"
+        )
+    check_source_width(name, media_width, slab_width, expand)
