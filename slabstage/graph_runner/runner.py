@@ -261,16 +261,20 @@ class PrefillGraphRunner:
         shape = ids.shape if isinstance(ids, torch.Tensor) else ()
         n = shape[0] if len(shape) == 1 else 0  # (a bad input_ids runs eagerly: staging's checks name it)
         bucket, why = self._route[n] if n < len(self._route) else self._route_of(n)  # (routes[0]: above largest)
+        if bucket is None:  # eager: staged by the whole buffers' stager, launched at once
+            self._say(why)
+            stager, pad_to, launch = Stager.for_buffers(self.buffers, embed=True), n, True
+        else:  # replay: the bucket's graph begins with the staging launch (after_stage given: launched before it)
+            self.registry.check(self._signature)
+            stager, pad_to, launch = self._stager, bucket, self.after_stage is not None
+        self._stage(stager, batch, pad_to, launch)
         if bucket is None:
-            return self._run_eager(batch, n, why, clone)
-        return self._replay(batch, n, bucket, clone)
+            return self._run_eager(n, why, clone)
+        return self._replay(n, bucket, clone)
 
-    def _replay(self, batch: PrefillBatch, n: int, bucket: int, clone: bool) -> Any:
-        """Stage ``batch`` padded to ``bucket`` and replay that bucket's graph, which begins with the staging
-        launch (unless ``after_stage`` is given: staging is then launched before it)."""
-        self.registry.check(self._signature)
+    def _replay(self, n: int, bucket: int, clone: bool) -> Any:
+        """Replay the graph of ``bucket`` over the batch staged for it (``n`` rows of it real)."""
         stager, after = self._stager, self.after_stage
-        self._stage(stager, batch, bucket, after is not None)
         self.last_bucket, self.last_fallback = bucket, None
         self._replays[bucket] = self._replays.get(bucket, 0) + 1
         self._padded += bucket - n
@@ -288,11 +292,9 @@ class PrefillGraphRunner:
         views = self._views.get(n)  # the same views every time: slicing costs more than the replay launch
         return views if views is not None else self._keep_views(out, n)
 
-    def _run_eager(self, batch: PrefillBatch, n: int, why: str, clone: bool) -> Any:
-        """Stage ``batch`` and run ``forward`` eagerly (``why``: the reason code); for ``CAPTURING``, then
-        capture the bucket ``n`` needs (and the largest, when it is not captured yet)."""
-        self._say(why)
-        self._stage(Stager.for_buffers(self.buffers, embed=True), batch, n, True)
+    def _run_eager(self, n: int, why: str, clone: bool) -> Any:
+        """Run ``forward`` eagerly over the staged batch of ``n`` rows (``why``: the reason code); for
+        ``CAPTURING``, then capture the bucket ``n`` needs (and the largest, when it is not captured yet)."""
         self.last_bucket, self.last_fallback = None, why
         self._eager[why] = self._eager.get(why, 0) + 1
         with nvtx_range("slabstage.eager"):

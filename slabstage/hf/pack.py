@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from ..graph_runner.batch import PrefillBatch
-from ..staging.mrope import mrope_from_segments, mrope_segments
+from ..staging.mrope import mrope_segments
+from ..staging.reference import mrope_from_segments
 from ._checks import as_prompt_ids, check_chunk, check_items, check_mrope, check_placeholders, placeholder_runs
 from ._family import family_of, transformers_version
 from .mrope import check_vlm_grids, grid_tensor, layout_of_rows, layout_rule, layout_takes, rope_index

@@ -14,7 +14,8 @@ A request says this with a :class:`MropeLayout` (a few numbers an item), and
 :func:`mrope_segments` turns a batch of them into the segment list the kernel reads: the
 batch's rows cut into runs that are each text (``position = row + base``) or one
 item's piece (``base + offsets``). Building it costs the host a few operations an
-item, nothing per token. :func:`mrope_from_segments` is its PyTorch reference.
+item, nothing per token. :func:`~slabstage.staging.reference.mrope_from_segments` is its PyTorch
+reference.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ import numpy as np
 import torch
 
 from ..checks import INT64_MAX, check_float32, check_int, is_int
-from ..kernels.layout import (INTERVAL_F32, INTERVAL_F64, INTERVAL_INT, SEG_AREA, SEG_BASE, SEG_CODE, SEG_COLUMNS,
-                              SEG_FIRST_ROW, SEG_INTERVAL, SEG_OFFSET, SEGMENT_WORDS)
+from ..kernels.layout import (INTERVAL_F32, INTERVAL_F64, INTERVAL_INT, SEGMENT_WORDS)
 
-__all__ = ["MropeLayout", "check_layouts", "mrope_segments", "mrope_from_segments", "SEGMENT_WORDS"]
+__all__ = ["MropeLayout", "check_layouts", "mrope_segments", "SEGMENT_WORDS"]
 
 _FLOAT_CODE = {torch.float32: INTERVAL_F32, torch.float64: INTERVAL_F64}
 
@@ -261,25 +261,3 @@ def _request(words: list, items: list, row0: int, offset: int, tokens: int) -> t
 
 def _span(low, high, a: int, b: int) -> tuple[int, int]:
     return (a, b) if low is None else (min(low, a), max(high, b))
-
-
-def mrope_from_segments(words: Sequence[int], n: int, device=None) -> torch.Tensor:
-    """``int64[3, n]`` on ``device`` (default: the host, whatever torch's default device is): the positions the
-    kernel writes from the segment list ``words`` (PyTorch reference)."""
-    device = torch.device("cpu") if device is None else torch.device(device)
-    segs = torch.tensor(words, dtype=torch.int64, device=device).view(-1, SEGMENT_WORDS)
-    rows = torch.arange(n, dtype=torch.int64, device=device)
-    seg = torch.searchsorted(segs[:, SEG_FIRST_ROW].contiguous(), rows, right=True) - 1
-    row0, base, area, lw, q0, code, word = (segs[seg, k] for k in (SEG_FIRST_ROW, SEG_BASE, SEG_AREA, SEG_COLUMNS,
-                                                                   SEG_OFFSET, SEG_CODE, SEG_INTERVAL))
-    text = area == 0
-    q = rows - row0 + q0
-    area, lw = torch.where(text, 1, area), torch.where(text, 1, lw)
-    i = q // area
-    f32 = torch.where(code == INTERVAL_F32, word, 0).to(torch.int32).view(torch.float32)  # (others: 0.0)
-    f64 = torch.where(code == INTERVAL_F64, word, 0).view(torch.float64)
-    temporal = torch.where(code == INTERVAL_INT, i * word,
-                           torch.where(code == INTERVAL_F32, (i.to(torch.float32) * f32).to(torch.int64),
-                                       (i.to(torch.float64) * f64).to(torch.int64)))
-    out = torch.stack([base + temporal, base + (q % area) // lw, base + q % lw])
-    return torch.where(text, rows + base, out)

@@ -9,14 +9,17 @@ destinations made in or outside it are written alike.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 
-from ..kernels.layout import BAD_MEDIA_INDEX, BAD_TOKEN_ID, COUNT, MEDIA_COUNT_MISMATCH, REQUESTS
+from ..kernels.layout import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, COUNT, INTERVAL_F32, INTERVAL_F64, INTERVAL_INT,
+                              MEDIA_COUNT_MISMATCH, REQUESTS, SEG_AREA, SEG_BASE, SEG_CODE, SEG_COLUMNS, SEG_FIRST_ROW,
+                              SEG_INTERVAL, SEG_OFFSET, SEGMENT_WORDS)
 from .buffers import NO_ROW
 from .destinations import Destinations
 from .errors import writing_word
-from .mrope import mrope_from_segments
 from .slots import SLOTS
 from .validate import LAYOUT_SLOT, Inputs, check_batch
 
@@ -142,3 +145,25 @@ def stage_embeddings_reference(slab, input_ids, table, *, errors, pad_to=None, m
     src = Inputs(input_ids=input_ids, table=table, media=media, media_index=media_index, expand=expand,
                  text_scale=text_scale, vocab_range=vocab_range, vocab_size=vocab_size, media_owner=media_owner)
     stage_reference(dst, check_batch(dst, src, pad_to, {}))
+
+
+def mrope_from_segments(words: Sequence[int], n: int, device=None) -> torch.Tensor:
+    """``int64[3, n]`` on ``device`` (default: the host, whatever torch's default device is): the positions the
+    kernel writes from the segment list ``words`` (PyTorch reference)."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    segs = torch.tensor(words, dtype=torch.int64, device=device).view(-1, SEGMENT_WORDS)
+    rows = torch.arange(n, dtype=torch.int64, device=device)
+    seg = torch.searchsorted(segs[:, SEG_FIRST_ROW].contiguous(), rows, right=True) - 1
+    row0, base, area, lw, q0, code, word = (segs[seg, k] for k in (SEG_FIRST_ROW, SEG_BASE, SEG_AREA, SEG_COLUMNS,
+                                                                   SEG_OFFSET, SEG_CODE, SEG_INTERVAL))
+    text = area == 0
+    q = rows - row0 + q0
+    area, lw = torch.where(text, 1, area), torch.where(text, 1, lw)
+    i = q // area
+    f32 = torch.where(code == INTERVAL_F32, word, 0).to(torch.int32).view(torch.float32)  # (others: 0.0)
+    f64 = torch.where(code == INTERVAL_F64, word, 0).view(torch.float64)
+    temporal = torch.where(code == INTERVAL_INT, i * word,
+                           torch.where(code == INTERVAL_F32, (i.to(torch.float32) * f32).to(torch.int64),
+                                       (i.to(torch.float64) * f64).to(torch.int64)))
+    out = torch.stack([base + temporal, base + (q % area) // lw, base + q % lw])
+    return torch.where(text, rows + base, out)

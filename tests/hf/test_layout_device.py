@@ -12,7 +12,8 @@ pytest.importorskip("transformers")
 
 import slabstage.hf as sshf  # noqa: E402
 from slabstage.hf.tiny import tiny_model, tiny_prompt  # noqa: E402
-from slabstage.staging.mrope import mrope_from_segments, mrope_segments  # noqa: E402
+from slabstage.staging.mrope import mrope_segments
+from slabstage.staging.reference import mrope_from_segments  # noqa: E402
 
 
 def _requests(model):

@@ -16,7 +16,8 @@ import slabstage.hf as sshf
 from slabstage import MropeLayout, StagingBuffers, stage_token_inputs
 from slabstage.hf.mrope import layout_rule, mm_token_type_ids
 from slabstage.hf.tiny import IMAGE, MERGE, VIDEO, VISION_END, VISION_START
-from slabstage.staging.mrope import mrope_from_segments, mrope_segments
+from slabstage.staging.mrope import mrope_segments
+from slabstage.staging.reference import mrope_from_segments
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(layout_rule(transformers.__version__) is None,

@@ -13,7 +13,8 @@ pytest.importorskip("transformers")
 
 import slabstage.hf as sshf  # noqa: E402
 from slabstage.hf.tiny import IMAGE, PATCH, TEMPORAL, VIDEO, VISION_END, VISION_START, tiny_model  # noqa: E402
-from slabstage.staging.mrope import MropeLayout, mrope_from_segments, mrope_segments  # noqa: E402
+from slabstage.staging.mrope import MropeLayout, mrope_segments
+from slabstage.staging.reference import mrope_from_segments  # noqa: E402
 
 VGRID = [(6, 4, 4), (3, 2, 4)]  # 24 and 6 placeholder rows
 IGRID = [(1, 4, 6)]  # 6 rows

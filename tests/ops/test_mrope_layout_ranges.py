@@ -7,7 +7,8 @@ import torch
 
 import slabstage as ss
 from slabstage import MropeLayout
-from slabstage.staging.mrope import mrope_from_segments, mrope_segments
+from slabstage.staging.mrope import mrope_segments
+from slabstage.staging.reference import mrope_from_segments
 
 T, V = 40, 50
 BIG = 2**63
