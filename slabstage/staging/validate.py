@@ -168,9 +168,10 @@ _ANYWHERE = SimpleNamespace(host=False, slots=(SimpleNamespace(dtype=torch.int64
                             bits=(64,) * len(SOURCES))
 
 
-def _check_kinds(vals: tuple, device, host_ok: bool, slots: bool, embed: bool) -> None:
+def _check_kinds(vals: tuple, device, host_ok: bool, slots: bool, embed: bool, switches: bool = True) -> None:
     """Each input's kind, dtype, device and rank (``device=None``: any device). ``slots``: the integer
-    slots are written (their required sources must be given; the ids always are); ``embed``: the slab."""
+    slots are written (their required sources must be given; the ids always are); ``embed``: the slab;
+    ``switches``: ``media_owner`` and ``text_scale`` too."""
     for spec, t in zip(SOURCE_SLOTS, vals):
         if t is None and not (spec.required and (slots or spec.name == "input_ids")):
             continue
@@ -190,12 +191,18 @@ def _check_kinds(vals: tuple, device, host_ok: bool, slots: bool, embed: bool) -
     if vals[INDEX] is not None:
         check_tensor("media_index", vals[INDEX], dtypes=INT_DTYPES, device=device, host_ok=host_ok, dims=1)
     check_choice("expand", vals[EXPAND], ("zeros", "repeat"))
+    if not switches:
+        return
+    check_bool("media_owner", vals[OWNER])
+    if vals[SCALE] is not None:
+        check_real("text_scale", vals[SCALE])
 
 
 def check_configuration(dst: Destinations | None, vals: tuple, embed: bool) -> None:
-    """The checks a configuration decides: kinds, dtypes, devices, ranks, widths, switches."""
+    """The checks a configuration decides: kinds, dtypes, devices, ranks and switches (through
+    :mod:`slabstage.checks`), then the slots the destinations have and the widths."""
     if dst is None:  # (no destinations: any device, host inputs allowed, the slots' sources required)
-        _check_kinds(vals, None, True, True, True)
+        _check_kinds(vals, None, True, True, True, switches=False)
         return
     has_slots = any(s is not None for s in dst.slots)
     _check_kinds(vals, dst.device, dst.host_ok, has_slots, embed)
@@ -209,11 +216,8 @@ def check_configuration(dst: Destinations | None, vals: tuple, embed: bool) -> N
     width, table, media = dst.slab.shape[1], vals[TABLE], vals[MEDIA]
     if table.shape[1] != width:
         check_source_width("table", table.shape[1], width, vals[EXPAND])
-    check_bool("media_owner", vals[OWNER])
-    if vals[SCALE] is not None:
-        check_real("text_scale", vals[SCALE])
-    if isinstance(media, _T):
-        describe_media(media, dst.device, width, table.shape[1], vals[EXPAND])
+    if isinstance(media, _T):  # (a list of items is checked every batch)
+        check_media_width("media", media.shape[1], width, table.shape[1], vals[EXPAND])
 
 
 # -- every batch ------------------------------------------------------------------------------------------
@@ -256,14 +260,34 @@ class Checked(NamedTuple):
 def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     """Check the batch ``src`` (an object with :class:`~slabstage.PrefillBatch`'s fields; a field it lacks takes
     the default in :data:`DEFAULTS`) against ``dst``; raise before anything is written. ``configs``: the
-    configurations checked so far for ``dst``'s stager (kept by the caller)."""
+    configurations checked so far for ``dst``'s stager (kept by the caller).
+
+    The batch's own rules are decided first (sizes, media, segments, room, overlap); a tensor of a refused shape
+    or stride (``misfit``) and media items a rule refuses are named at the end, through the rules that name them,
+    with the values that :mod:`slabstage.checks` converts (``pad_to``, ``text_scale``, the vocabulary bounds).
+    """
     embed = dst.slab is not None
     vals, layouts = fields_of(src)  # (the layouts are values: checked below, every batch)
     config, reads = configuration(dst, vals, configs, embed)
-    _, dtypes, devices, shapes, strides, ptrs = reads
-    n = shapes[0][0]
-    spans = []  # name, first byte, end byte of every source read in place (checked against dst at the end)
-    b = _check_lengths(config.sources, reads, n, spans)
+    n, spans = reads[3][0][0], []  # spans: name, first byte, end byte of every source read in place
+    b, misfit = _sizes(dst, src, config, reads, n, spans)
+    segments = plan = None
+    if misfit is None and layouts is not None:
+        segments = _segments(dst, layouts, n)
+    if misfit is None and embed:
+        plan, misfit = _embeddings(dst, config, vals, reads, n, spans)
+    if misfit is None and plan is not False:
+        _check_room(plan, segments)
+        _clear(dst, spans, plan)
+    return _named(dst, config, vals, reads, n, b, pad_to, plan, segments, misfit)
+
+
+def _sizes(dst: Destinations, src, config: Config, reads: tuple, n: int, spans: list) -> tuple:
+    """``(b, misfit)``: the request count, after the request and token counts are checked against ``dst``, and
+    the first input (``(name, tensor, shape)``) whose shape or stride is refused, or None."""
+    b, misfit = _lengths(config.sources, reads, n, spans)
+    if misfit is not None:
+        return b, misfit
     if b > dst.batch_cap and dst.batch_cap:
         raise ValueError(f"{b} requests exceed max_batch_size={dst.batch_cap}")
     if n > dst.capacity:
@@ -272,64 +296,86 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         # (the runner's batches and stage_token_inputs' calls say it in their own words)
         said = f"batch of {n} tokens exceeds" if hasattr(src, "num_tokens") else f"{n} tokens exceed"
         raise ValueError(f"{said} the buffers' capacity of {dst.capacity} tokens")
-    if type(pad_to) is not int or not n <= pad_to <= dst.capacity:
-        if pad_to is None and not any(s is not None for s in dst.slots):
-            pad_to = n  # (stage_embeddings' default)
-        pad_to = check_int("pad_to", pad_to, lo=n, hi=dst.capacity)
+    _, dtypes, _, _, strides, ptrs = reads
     if not config.sources or config.sources[0][1]:  # embeddings alone: the ids are read all the same
         if n > 1 and strides[0][0] != 1:
-            check_tensor("input_ids", vals[0], dims=1)  # "... must be contiguous along its last axis"
+            return b, ("input_ids", reads[0][0], (n,))  # "... must be contiguous along its last axis"
         if n and not config.host_ids:
             spans += ("input_ids", ptrs[0], ptrs[0] + n * ELEM[dtypes[0]])
-    segments = None
-    if layouts is not None:
-        if dst.slots[LAYOUT_SLOT] is None:
-            if any(t is not None for t in dst.slots):
-                raise ValueError("mrope_positions given but the buffers were allocated without mrope=True")
-        else:
-            segments = mrope_segments(layouts, n, dst.slots[LAYOUT_SLOT].dtype)
-    if not embed:
-        _check_room(None, segments)
-        _clear(dst, spans)
-        return Checked(config, n, b, pad_to, vals, reads, segments=segments)
+    return b, None
 
-    t = config.table
+
+def _segments(dst: Destinations, layouts, n: int) -> list | None:
+    """The mrope layouts' segment list (None: the destinations have no mrope slot, nor any other)."""
+    if dst.slots[LAYOUT_SLOT] is not None:
+        return mrope_segments(layouts, n, dst.slots[LAYOUT_SLOT].dtype)
+    if any(t is not None for t in dst.slots):
+        raise ValueError("mrope_positions given but the buffers were allocated without mrope=True")
+    return None
+
+
+def _embeddings(dst: Destinations, config: Config, vals: tuple, reads: tuple, n: int, spans: list) -> tuple:
+    """``(plan, misfit)`` of the table, the media and ``media_index`` (``plan`` False: a rule refuses the media
+    items, :func:`_explain` names it)."""
+    _, dtypes, _, shapes, strides, ptrs = reads
+    t, m, i = config.table, config.media, config.index
     rows, tw = shapes[t]
     if tw > 1 and strides[t][1] != 1:
-        check_tensor("table", vals[TABLE], dims=2)  # "... must be contiguous along its last axis"
-    m, media = config.media, vals[MEDIA]
+        return None, ("table", vals[TABLE], (None, None))  # "... must be contiguous along its last axis"
     if m is not None:
-        plan = one_tensor_plan(media, shapes[m], strides[m], ptrs[m], dtypes[m])
+        plan = one_tensor_plan(vals[MEDIA], shapes[m], strides[m], ptrs[m], dtypes[m])
+        if plan is None:
+            return None, ("media", vals[MEDIA], (None, None))  # "... must be contiguous along its last axis"
     else:
-        plan = describe_media(media, dst.device, dst.slab.shape[1], tw, vals[EXPAND])
-    i = config.index
+        plan = _media_plan(vals[MEDIA], dst.device, dst.slab.shape[1], tw, vals[EXPAND])
+        if plan is False:
+            return plan, None
     if i is not None:
-        _check_index(vals, reads, i, n)
+        if shapes[i] != (n,) or (n > 1 and strides[i][0] != 1):
+            return plan, ("media_index", vals[INDEX], (n,))
         if n and not config.host_index:  # (a host index travels in the block)
             spans += ("media_index", ptrs[i], ptrs[i] + n * ELEM[dtypes[i]])
     elif plan is not None:
         raise ValueError("media was given without media_index: say which rows are media rows")
-    scale = vals[SCALE]
+    if rows and tw:
+        spans += ("table", ptrs[t], ptrs[t] + ((rows - 1) * strides[t][0] + tw) * ELEM[dtypes[t]])
+    return plan, None
+
+
+def _named(dst: Destinations, config: Config, vals: tuple, reads: tuple, n: int, b: int, pad_to, plan, segments,
+           misfit) -> Checked:
+    """The end of :func:`check_batch`: what a rule refused, named; host values a narrower slot cannot hold
+    refused; ``pad_to``, ``text_scale`` and the vocabulary bounds checked; the :class:`Checked` batch."""
+    if plan is False:
+        _explain(_items(vals[MEDIA]), dst.device, dst.slab.shape[1], reads[3][config.table][1])
+    if misfit is not None:
+        check_tensor(misfit[0], misfit[1], shape=misfit[2])  # names what is wrong
+    for at, _, _, _, name, _, _, narrow in config.sources:
+        if narrow is not None:
+            check_values(name, reads[0][at], narrow)
+    if type(pad_to) is not int or not n <= pad_to <= dst.capacity:
+        if pad_to is None and not any(s is not None for s in dst.slots):
+            pad_to = n  # (stage_embeddings' default)
+        pad_to = check_int("pad_to", pad_to, lo=n, hi=dst.capacity)
+    if dst.slab is None:
+        return Checked(config, n, b, pad_to, vals, reads, segments=segments)
+    scale, rows = vals[SCALE], reads[3][config.table][0]
     if scale is not None and not (type(scale) is float and math.isfinite(scale) and abs(scale) <= F32_MAX):
         scale = check_float32("text_scale", scale)
     if vals[VOCAB_RANGE] is None and vals[VOCAB_SIZE] is None and rows <= INT32_MAX:
         bounds = (0, rows, rows)
     else:
         bounds = vocab_bounds(vals[VOCAB_RANGE], vals[VOCAB_SIZE], rows)
-    _check_room(plan, segments)
-    if rows and tw:
-        spans += ("table", ptrs[t], ptrs[t] + ((rows - 1) * strides[t][0] + tw) * ELEM[dtypes[t]])
-    _clear(dst, spans, plan)
     return Checked(config, n, b, pad_to, vals, reads, bounds, scale, plan, segments)
 
 
-def _check_lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> int:
-    """The request count ``b``, after checking each integer source (``sources``, a :class:`Config`'s) against
-    ``n`` and ``b``; the bytes of each read in place go to ``spans`` (checked against every destination), and
-    host values a narrower slot cannot hold are refused."""
-    ts, dtypes, _, shapes, strides, ptrs = reads
+def _lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> tuple:
+    """``(b, misfit)``: the request count, and the first integer source (``sources``, a :class:`Config`'s) whose
+    shape or stride does not fit ``n`` and ``b`` (``(name, tensor, shape)``, or None); the bytes of each read in
+    place go to ``spans`` (checked against every destination)."""
+    ts, _, _, shapes, strides, ptrs = reads
     b = -1
-    for at, _, kind, rows, name, elem, in_block, narrow in sources:
+    for at, _, kind, rows, name, elem, in_block, _ in sources:
         shape = shapes[at]
         if kind == REQUESTS:
             if b < 0:
@@ -340,23 +386,13 @@ def _check_lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> 
         else:
             want = (rows, n) if kind == ROWS else (n,)
         if shape != want or (want[-1] > 1 and strides[at][-1] != 1):
-            check_tensor(name, ts[at], shape=want)  # names what is wrong
-        if spans is None:
-            continue
-        if narrow is not None:
-            check_values(name, ts[at], narrow)
-        if in_block:
+            return max(b, 0), (name, ts[at], want)
+        if spans is None or in_block:
             continue
         elems = want[0] if kind != ROWS else ((rows - 1) * strides[at][0] + n if n else 0)
         if elems:
             spans += (name, ptrs[at], ptrs[at] + elems * elem)
-    return max(b, 0)
-
-
-def _check_index(vals: tuple, reads: tuple, i: int, n: int) -> None:
-    """``media_index`` (read at position ``i``) is ``[n]`` and contiguous."""
-    if reads[3][i] != (n,) or (n > 1 and reads[4][i][0] != 1):
-        check_tensor("media_index", vals[INDEX], shape=(n,))  # names what is wrong
+    return max(b, 0), None
 
 
 def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
@@ -392,11 +428,13 @@ def check_sources(src, what: str = "PrefillBatch") -> None:
     if layouts is not None:
         check_layouts(layouts)  # (their values are checked where they are staged, with the rest of the batch)
     config, reads = configuration(None, vals, _SOURCE_FORMS, True)
-    n = reads[3][0][0]
-    _check_lengths(config.sources, reads, n, None)
-    if config.index is not None:
-        _check_index(vals, reads, config.index, n)
-    elif vals[MEDIA] is not None:
+    n, i = reads[3][0][0], config.index
+    misfit = _lengths(config.sources, reads, n, None)[1]
+    if misfit is None and i is not None and (reads[3][i] != (n,) or (n > 1 and reads[4][i][0] != 1)):
+        misfit = ("media_index", vals[INDEX], (n,))
+    if misfit is not None:
+        check_tensor(misfit[0], misfit[1], shape=misfit[2])  # names what is wrong
+    if i is None and vals[MEDIA] is not None:
         raise ValueError(f"{what}.media was given without media_index")
 
 
@@ -438,17 +476,21 @@ class MediaPlan(NamedTuple):
 
 
 def describe_media(media, device: torch.device, slab_width: int, text_width: int, expand: str) -> MediaPlan | None:
-    """Check ``media`` (None, one 2-D tensor, or a sequence of items) and lay it out for the kernel.
+    """Check ``media`` (None, or a sequence of items) and lay it out for the kernel.
 
     Raises ``TypeError``/``ValueError`` naming the item and block that breaks a rule, and
     :class:`WidthContractError` for widths (see :func:`check_media_width`).
     """
+    plan = _media_plan(media, device, slab_width, text_width, expand)
+    if plan is False:
+        _explain(_items(media), device, slab_width, text_width)
+    return plan
+
+
+def _media_plan(media, device: torch.device, slab_width: int, text_width: int, expand: str):
+    """:func:`describe_media`'s plan, or False when a rule refuses an item (:func:`_explain` names it)."""
     if media is None:
         return None
-    if isinstance(media, torch.Tensor):
-        check_tensor("media", media, dtypes=FLOAT_DTYPES, device=device, dims=2)
-        check_media_width("media", media.shape[1], slab_width, text_width, expand)
-        return _plan((media,), [media], None, device, slab_width, text_width)
     if type(media) not in (list, tuple):
         raise TypeError(f"media must be a 2-D tensor or a list of items (tensors or tuples of column blocks), "
                         f"got {type(media).__name__}")
@@ -465,16 +507,17 @@ def describe_media(media, device: torch.device, slab_width: int, text_width: int
         items = _items(media)
         blocks, lens = [t for item in items for t in item], list(map(len, items))
     plan = _plan(media, blocks, lens, device, slab_width, text_width)
-    check_media_width("media item 0", plan.width, slab_width, text_width, expand)
+    if plan is not False:
+        check_media_width("media item 0", plan.width, slab_width, text_width, expand)
     return plan
 
 
-def one_tensor_plan(media: torch.Tensor, shape, stride, ptr: int, dtype: torch.dtype) -> MediaPlan:
+def one_tensor_plan(media: torch.Tensor, shape, stride, ptr: int, dtype: torch.dtype) -> MediaPlan | None:
     """The plan of one media tensor whose configuration (kind, dtype, device, rank, width) was checked, from
-    what :func:`~slabstage.staging.validate.check_batch` read of it."""
+    what :func:`check_batch` read of it; None when its rows are not contiguous."""
     (rows, width), (s0, s1) = shape, stride
     if s1 != 1 and width > 1 and rows:
-        check_tensor("media", media, dims=2)  # "... must be contiguous along its last axis"
+        return None
     vec = not (ptr & 15) and not ((width | (s0 if rows > 1 else 0)) & 7)
     lows, highs = ([ptr], [ptr + ((rows - 1) * s0 + width) * FLOAT_BYTES[dtype]]) if rows and width else ([], [])
     return MediaPlan((media,), rows, width, dtype, [0], [ptr if rows else 0, s0, 0, width], 1, vec, lows, highs)
@@ -501,87 +544,36 @@ def _items(media) -> tuple:
     return tuple(m if type(m) is tuple else (m,) for m in media)
 
 
-def _name(i: int, item: tuple, j: int) -> str:
-    return f"media item {i}" + (f" block {j}" if len(item) > 1 else "")
-
-
-def _check_block(name: str, t) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    check_tensor(name, t, dtypes=FLOAT_DTYPES, dims=2)
-
-
-def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: int, text_width: int) -> MediaPlan:
+def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: int, text_width: int):
     """The plan of items ``media`` (``blocks``: their column blocks in order; ``lens``: each item's blocks, None
     when each is one tensor) from one read of every block, worked out a column of the batch at a time in
-    C-level loops (the host time of many new items is their reads); any rule broken: the item-by-item check
-    names it."""
-    def explain():
-        _explain(_items(media), device, slab_width, text_width)
-
-    try:  # (a contiguous block's row stride is its width: its strides are read only when it is not)
-        ptrs, shapes, dense = list(map(_data_ptr, blocks)), list(map(_size, blocks)), list(map(_dense, blocks))
-        dtypes, devices = set(map(_dtype, blocks)), set(map(_device, blocks))
-    except (RuntimeError, TypeError, AttributeError):  # sparse, mkldnn, nested tensors have no strides or data
-        explain()
-    if len(dtypes) != 1 or set(map(len, shapes)) != {2}:
-        explain()
-    dtype = dtypes.pop()
-    elem = FLOAT_BYTES.get(dtype)
-    if elem is None:
-        explain()
-    rs, ws = zip(*shapes)
-    if False in dense:
-        s0s, s1s = zip(*map(_stride, blocks))
-        if any(s1 != 1 and w > 1 and r for r, w, s1 in zip(rs, ws, s1s)):
-            explain()  # rows must be contiguous
-    else:
-        s0s = ws
-    on_cuda = device.type == "cuda"
-    dev = (device.index if device.index is not None else torch.cuda.current_device()) if on_cuda else -1
-    if devices != {dev} or (not on_cuda and 0 in ptrs and not all(map(_is_cpu, blocks))):  # (-1 is meta too)
-        for t, r in zip(blocks, rs):  # an empty block is never read; a pinned host item is read in place
-            if r and (t.get_device() != dev or not (on_cuda or t.is_cpu)) and not (on_cuda and t.is_cpu and
-                                                                                  t.is_pinned()):
-                explain()
+    C-level loops (the host time of many new items is their reads); False when a rule refuses an item (the
+    item-by-item :func:`_explain` names it)."""
+    read = _read_blocks(blocks, device)
+    if read is None:
+        return False
+    ptrs, rs, ws, s0s, dtype = read
     n, k = len(media), 1 if lens is None else max(lens)
     if k > 1 or (lens is not None and 0 in lens):
         if 0 in lens:
-            explain()  # an item with no block
+            return False  # an item with no block
         if lens.count(k) != n:  # items of fewer blocks: padded with empty ones
-            rs, ws, s0s, ptrs = _pad(lens, rs, ws, s0s, ptrs, k, text_width if slab_width > text_width else None,
-                                     explain)
+            padded = _pad(lens, rs, ws, s0s, ptrs, k, text_width if slab_width > text_width else None)
+            if padded is None:
+                return False
+            rs, ws, s0s, ptrs = padded
         elif slab_width > text_width and ws[0::k].count(text_width) != n:
-            explain()  # block 0 holds the embeddings
+            return False  # block 0 holds the embeddings
     item_rows = rs[0::k] if k > 1 else rs
-    for j in range(1, k):
-        if rs[j::k] != item_rows:
-            explain()  # the blocks of an item share their rows
-    if k == 1:
-        width, ends = ws[0], ws
-        if ws.count(width) != n:
-            explain()  # items share one row width
-    elif ws == ws[:k] * n:  # every item of the same blocks: their columns once
-        ends = list(accumulate(ws[:k]))
-        width, ends = ends[-1], ends * n
-    else:  # an item's columns: its blocks side by side, each item's from 0
-        ends = list(accumulate(ws))
-        width = ends[k - 1]
-        if ends[k - 1::k] != list(range(width, width * (n + 1), width)):
-            explain()  # items share one row width
-        ends = [e - width * (i // k) for i, e in enumerate(ends)]
+    ends = _columns(rs, ws, item_rows, n, k)
+    if ends is None:
+        return False
+    width = ends[k - 1]
     if 0 in rs:
         ptrs = [p if r else 0 for p, r in zip(ptrs, rs)]
     fields = [0] * (4 * len(ptrs))
     fields[0::4], fields[1::4], fields[2::4], fields[3::4] = ptrs, s0s, list(map(sub, ends, ws)), ends
-    if 0 in rs or 0 in ws:  # the bytes each block with rows and columns reads, for the overlap checks
-        spans = [(p, p + ((r - 1) * s + w) * elem) for p, r, w, s in zip(ptrs, rs, ws, s0s) if r and w]
-        lows, highs = (list(x) for x in zip(*spans)) if spans else ([], [])
-    elif s0s is ws and ws.count(ws[0]) == len(ws):  # contiguous blocks of one width: rows x width bytes
-        lows, highs = ptrs, list(map(add, ptrs, map(mul, rs, repeat(ws[0] * elem))))
-    else:
-        lows, highs = ptrs, list(map(add, ptrs, map(mul, map(add, map(mul, map(sub, rs, repeat(1)), s0s), ws),
-                                                    repeat(elem))))
+    lows, highs = _block_spans(ptrs, rs, ws, s0s, FLOAT_BYTES[dtype])
     starts = list(accumulate(item_rows, initial=0))
     rows = starts.pop()
     align = reduce(or_, ptrs, 0) & 15 or (reduce(or_, ws, width) if k > 1 else width) & 7
@@ -590,15 +582,68 @@ def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: in
     return MediaPlan(media, rows, width, dtype, starts, fields, k, not align, lows, highs)
 
 
-def _pad(lens: list, rs, ws, s0s, ptrs, k: int, text_width: int | None, explain):
+def _read_blocks(blocks, device: torch.device) -> tuple | None:
+    """``(addresses, rows, widths, row strides, dtype)`` of every block, read a column at a time; None when a
+    block is not a 2-D float tensor with contiguous rows that the kernel can read on ``device``."""
+    try:  # (a contiguous block's row stride is its width: its strides are read only when it is not)
+        ptrs, shapes, dense = list(map(_data_ptr, blocks)), list(map(_size, blocks)), list(map(_dense, blocks))
+        dtypes, devices = set(map(_dtype, blocks)), set(map(_device, blocks))
+    except (RuntimeError, TypeError, AttributeError):  # sparse, mkldnn, nested tensors have no strides or data
+        return None
+    if len(dtypes) != 1 or set(map(len, shapes)) != {2} or next(iter(dtypes)) not in FLOAT_BYTES:
+        return None
+    rs, ws = zip(*shapes)
+    s0s = ws
+    if False in dense:
+        s0s, s1s = zip(*map(_stride, blocks))
+        if any(s1 != 1 and w > 1 and r for r, w, s1 in zip(rs, ws, s1s)):
+            return None  # rows must be contiguous
+    on_cuda = device.type == "cuda"
+    dev = (device.index if device.index is not None else torch.cuda.current_device()) if on_cuda else -1
+    if devices != {dev} or (not on_cuda and 0 in ptrs and not all(map(_is_cpu, blocks))):  # (-1 is meta too)
+        for t, r in zip(blocks, rs):  # an empty block is never read; a pinned host item is read in place
+            if r and (t.get_device() != dev or not (on_cuda or t.is_cpu)) and not (on_cuda and t.is_cpu and
+                                                                                  t.is_pinned()):
+                return None
+    return ptrs, rs, ws, s0s, dtypes.pop()
+
+
+def _columns(rs, ws, item_rows, n: int, k: int) -> list | None:
+    """Each block's end column in its item (an item's blocks side by side, from 0), the last of an item its
+    width; None when the blocks of an item differ in rows or the items in width."""
+    for j in range(1, k):
+        if rs[j::k] != item_rows:
+            return None  # the blocks of an item share their rows
+    if k == 1:
+        return ws if ws.count(ws[0]) == n else None  # items share one row width
+    if ws == ws[:k] * n:  # every item of the same blocks: their columns once
+        return list(accumulate(ws[:k])) * n
+    ends = list(accumulate(ws))
+    width = ends[k - 1]
+    if ends[k - 1::k] != list(range(width, width * (n + 1), width)):
+        return None  # items share one row width
+    return [e - width * (i // k) for i, e in enumerate(ends)]
+
+
+def _block_spans(ptrs, rs, ws, s0s, elem: int) -> tuple[list, list]:
+    """The first and end byte each block with rows and columns reads, for the overlap checks."""
+    if 0 in rs or 0 in ws:
+        spans = [(p, p + ((r - 1) * s + w) * elem) for p, r, w, s in zip(ptrs, rs, ws, s0s) if r and w]
+        return tuple(list(x) for x in zip(*spans)) if spans else ([], [])
+    if s0s is ws and ws.count(ws[0]) == len(ws):  # contiguous blocks of one width: rows x width bytes
+        return ptrs, list(map(add, ptrs, map(mul, rs, repeat(ws[0] * elem))))
+    return ptrs, list(map(add, ptrs, map(mul, map(add, map(mul, map(sub, rs, repeat(1)), s0s), ws), repeat(elem))))
+
+
+def _pad(lens: list, rs, ws, s0s, ptrs, k: int, text_width: int | None) -> tuple | None:
     """Rows, widths, row strides and addresses with every item (``lens``: its blocks) padded to ``k`` blocks by
     empty ones (no address, no columns, the item's rows); with ``text_width``, block 0 of an item of several
-    must be that wide (it holds the embeddings)."""
+    must be that wide (it holds the embeddings): None when it is not."""
     out = [], [], [], []
     at = 0
     for m in lens:
         if text_width is not None and m > 1 and ws[at] != text_width:
-            explain()
+            return None
         for col, given, fill in zip(out, (rs, ws, s0s, ptrs), (rs[at], 0, 0, 0)):
             col.extend(given[at:at + m])
             col.extend([fill] * (k - m))
@@ -614,8 +659,10 @@ def _explain(items: tuple, device: torch.device, slab_width: int, text_width: in
             raise ValueError(f"media item {i} is an empty tuple: give at least one column block")
         item_rows, cols = None, 0
         for j, t in enumerate(item):
-            name = _name(i, item, j)
-            _check_block(name, t)
+            name = f"media item {i}" + (f" block {j}" if len(item) > 1 else "")
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            check_tensor(name, t, dtypes=FLOAT_DTYPES, dims=2)
             if dtype is None:
                 dtype = t.dtype
             elif t.dtype != dtype:
