@@ -1,32 +1,26 @@
-"""stage_embeddings: text rows gathered, media rows scattered, padding zeroed, one launch."""
+"""stage_embeddings: text rows gathered, media rows scattered, padding zeroed, one launch.
+
+The pinned ring and device parameter block a launch uses belong to the slab's storage (views of one slab share
+them; at most 16 such sets are kept, each freed with its slab once its queued work has finished:
+:mod:`slabstage.staging.op_stagers`).
+"""
 
 from __future__ import annotations
 
 import torch
 
 from .errors import default_error_word, raise_if_errors
-from .validate import Inputs
 from .op_stagers import slab_stager
+from .validate import Inputs
 
 __all__ = ["stage_embeddings"]
 
 
-def stage_embeddings(
-    slab: torch.Tensor,
-    input_ids: torch.Tensor,
-    table: torch.Tensor,
-    *,
-    media=None,
-    media_index: torch.Tensor | None = None,
-    pad_to: int | None = None,
-    expand: str = "zeros",
-    text_scale: float | None = None,
-    vocab_range: tuple[int, int] | None = None,
-    vocab_size: int | None = None,
-    media_owner: bool = True,
-    errors: torch.Tensor | None = None,
-    strict: bool = False,
-) -> torch.Tensor:
+def stage_embeddings(slab: torch.Tensor, input_ids: torch.Tensor, table: torch.Tensor, *, media=None,
+                     media_index: torch.Tensor | None = None, pad_to: int | None = None, expand: str = "zeros",
+                     text_scale: float | None = None, vocab_range: tuple[int, int] | None = None,
+                     vocab_size: int | None = None, media_owner: bool = True, errors: torch.Tensor | None = None,
+                     strict: bool = False) -> torch.Tensor:
     """Write one prefill batch's embeddings into ``slab`` and zero its padding.
 
     With ``n = len(input_ids)``: row ``r < n`` gets media row ``media_index[r]``
@@ -64,10 +58,7 @@ def stage_embeddings(
     Every argument is checked before anything is written: ``TypeError`` /
     ``ValueError`` (``WidthContractError`` for widths). Returns ``slab``. One
     host-to-device copy of the parameter block and one kernel launch on the
-    current stream, no host sync unless ``strict``. The pinned ring and device
-    block the launch uses belong to ``slab``'s storage (views of one slab share
-    them; at most 16 such sets are kept, each freed with its slab once its queued
-    work has finished).
+    current stream, no host sync unless ``strict``.
     """
     if errors is None:
         errors = default_error_word(slab.device) if isinstance(slab, torch.Tensor) else None

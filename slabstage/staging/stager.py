@@ -229,11 +229,7 @@ class Stager:
         if own_params:
             step, at = 0, 0
             values[H_DONE], values[H_COUNTER] = self.ring.spare_done_addr, self._spare_addr
-            block = torch.zeros(words, dtype=torch.int64, device="cpu", pin_memory=True)
-            self._kept.append((block, own))
-            mv = memoryview((c_char * (8 * words)).from_address(block.data_ptr())).cast("B")
-            start = block.data_ptr()
-            block.numpy()[HEADER_WORDS + SOURCE_WORDS * self.num_slots:self._items_at] = self._dest
+            block, mv, start = self._own_host_block(words, own)
         else:
             step, at = self.ring.take()
             mv, start = self._mv, self.ring.base + 8 * at
@@ -252,6 +248,14 @@ class Stager:
         else:
             self._now = self.params
             self._pending = (step, at, words)
+
+    def _own_host_block(self, words: int, own: torch.Tensor) -> tuple:
+        """``(block, its bytes, its address)``: a pinned host parameter block of ``words`` words, the destinations'
+        half written, kept for good with ``own``, the device block it is copied into."""
+        block = torch.zeros(words, dtype=torch.int64, device="cpu", pin_memory=True)
+        self._kept.append((block, own))
+        block.numpy()[HEADER_WORDS + SOURCE_WORDS * self.num_slots:self._items_at] = self._dest
+        return block, memoryview((c_char * (8 * words)).from_address(block.data_ptr())).cast("B"), block.data_ptr()
 
     def _embed_header(self, values: list, c: Checked, parts: list, base: int, end: int) -> int:
         config, plan = c.config, c.media
