@@ -81,12 +81,13 @@ for _name, _default in DEFAULTS.items():  # (class attributes: what a field not 
 
 
 class Config:
-    """What one configuration fixes, checked once: what the per-batch checks and the block writer read.
+    """What one configuration fixes, checked once: what the per-batch checks and the stager's writer read.
 
     ``sources``: per integer source given that a slot takes, ``(read position, slot, kind, rows, name, element
     bytes, whether it travels in the block, the slot's dtype when its host values must be checked)``;
     ``table``, ``media``, ``index``: read positions (None: absent, or media as a list of items); ``host_ids``
-    and ``host_index``: those travel in the block; ``block``: the block writer's template (made on first use).
+    and ``host_index``: those travel in the block; ``template``: the words of a parameter block it fixes (made by the
+    stager on first use).
     """
 
     __slots__ = ("sources", "table", "media", "index", "host_ids", "host_index", "template")
@@ -100,7 +101,7 @@ class Config:
         self.table, self.media, self.index = at.get(TABLE), at.get(MEDIA), at.get(INDEX)
         self.host_ids = host and devices[0] < 0
         self.host_index = self.index is not None and host and devices[self.index] < 0
-        self.template = None  # the words of a parameter block this configuration fixes (ParamsWriter)
+        self.template = None  # the words of a parameter block this configuration fixes (Stager._template)
 
 
 class _Form:
