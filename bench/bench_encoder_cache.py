@@ -62,19 +62,19 @@ def _sync():
 
 
 # -- the A/B loop ------------------------------------------------------------------------------------
-def _time_once(measure, fn, between_rounds) -> float:
-    """µs of one ``fn()``: ``host`` (no sync inside), ``latency`` (up to a sync) or ``device`` (CUDA events)."""
+def _time_once(measure, fn, arg, between_rounds) -> float:
+    """µs of one ``fn(arg)``: ``host`` (no sync inside), ``latency`` (up to a sync) or ``device`` (CUDA events)."""
     if measure == "device":
         between_rounds()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        fn(arg)
         end.record()
         end.synchronize()
         return start.elapsed_time(end) * 1e3
     _sync()
     t0 = time.perf_counter()
-    fn()
+    fn(arg)
     if measure == "latency":
         _sync()
     return (time.perf_counter() - t0) * 1e6
@@ -101,8 +101,7 @@ def ab(benchmark, request, between_rounds, *, measure, prologue, ours, reference
         for r in range(warmup + rounds):
             for name, fn in (("ours", ours), ("reference", reference)):
                 step[0] += 1
-                prep = prologue(step[0])
-                t = _time_once(measure, lambda: fn(prep), between_rounds)
+                t = _time_once(measure, fn, prologue(step[0]), between_rounds)
                 if r >= warmup:
                     times[name].append(t)
 
