@@ -5,6 +5,7 @@ time (a capture in a fresh process, say), so that a row of that timing would say
   cost against the largest bucket alone;
 - ``metric == "replay"`` (bench_replay.py): per case, the capture and its check; per case and size, replay
   against eager; and where a replay step's wall time goes (its kernels against the rest);
+- ``metric == "figures"`` (bench_prefill.py, bench_generate.py, bench_tp.py): each benchmark's scalar figures;
 - ``metric == "ab"`` (bench_encoder_cache.py): ours against its reference, medians of alternated rounds, the
   ratio and the target.
 """
@@ -28,12 +29,29 @@ def info_tables(data: dict) -> tuple[list[str], set[str]]:
     if replay:
         lines += replay
         covered.add("replay")
+    figures = _figures_lines([b.get("extra_info") or {} for b in data.get("benchmarks", [])
+                              if (b.get("extra_info") or {}).get("metric") == "figures"])
+    if figures:
+        lines += figures
+        covered.add("figures")
     ab = _ab_lines([b.get("extra_info") or {} for b in data.get("benchmarks", [])
                     if (b.get("extra_info") or {}).get("metric") == "ab"])
     if ab:
         lines += ab
         covered.add("ab")
     return lines, covered
+
+
+def _figures_lines(infos: list[dict]) -> list[str]:
+    """Per benchmark, its scalar figures (a worker's or a whole comparison's, its timing being wall time)."""
+    out = []
+    for i in infos:
+        out += [f"## {i.get('impl')}", "", "| figure | value |", "| --- | ---: |"]
+        for key, value in i.items():
+            if key not in ("suite", "metric", "impl") and isinstance(value, (int, float, str, bool)):
+                out.append(f"| {key} | {round(value, 3) if isinstance(value, float) else value} |")
+        out.append("")
+    return out
 
 
 def _ab_lines(infos: list[dict]) -> list[str]:
