@@ -7,8 +7,8 @@ which prints the case's figures as one ``RESULT {json}`` line):
 
 - ``packed_16x1024``, ``packed_4x1024``: the requests packed in one batch, ``prefill_forward(model,
   cache=...)`` captured at the batch's bucket and replayed, against (a) the same requests one by one through
-  HF's forward (``model.model(input_ids=...)``), (b) the dense-mask forward slabstage shipped before the KV
-  cache (a copy, :func:`dense_mask_forward`: a ``[T, T]`` boolean mask, SDPA), captured and replayed, and (c)
+  HF's forward (``model.model(input_ids=...)``), (b) a dense-mask packed forward without a KV
+  cache (:func:`dense_mask_forward`: a ``[T, T]`` boolean mask, SDPA), captured and replayed, and (c)
   the same packed forward without ``cache`` (the KV write's share of the step). Also replay == eager bit for
   bit, memory (the step's peak above what was allocated before it, eager), and capture seconds
   (the Triton kernel compiled by an eager step first, so capture time is capture alone).
@@ -45,8 +45,8 @@ pytestmark = [pytest.mark.skipif(not HAS_CUDA, reason="prefill benchmarks need a
 
 
 def dense_mask_forward(model):
-    """The packed forward before the KV cache: a ``bool[1, 1, T, T]`` mask (same request and causal; padding
-    rows see themselves) and the model's sdpa attention. The reference the new forward is measured against."""
+    """A packed forward without a KV cache: a ``bool[1, 1, T, T]`` mask (same request and causal; padding rows
+    see themselves) and the model's sdpa attention; a reference ``prefill_forward`` is measured against."""
     lm = model.model
     layers, norm, rotary = lm.layers, lm.norm, lm.rotary_emb
 
