@@ -6,8 +6,8 @@ the runner's buffers (:meth:`Stager.for_buffers`), or those of a standalone op's
 pinned ring, the device parameter block, the checked configurations) belongs to those destinations alone and is freed
 with it, once the device work it queued has finished. :meth:`Stager.prepare` checks a batch (nothing is
 written when that raises) and writes its parameter block into the next slot of the pinned ring
-(:meth:`Stager._write`, from a template of the words a configuration fixes). Then either :meth:`Stager.launch` moves it into the
-stager's device parameter block and queues the staging kernel, or a graph recorded by :meth:`Stager.record` is replayed
+(:meth:`Stager._write`, from a template of the words a configuration fixes). Then either :meth:`Stager.launch`
+moves it into the stager's device parameter block and queues the staging kernel, or a graph recorded by :meth:`Stager.record` is replayed
 through :meth:`Stager.replay`: it begins with the fetch kernel, which copies the parameter block itself, so a replayed
 step costs the host no copy call. On a CPU device without Triton's interpreter the PyTorch reference stages
 the checked batch instead.
