@@ -3,14 +3,14 @@
 A :class:`Stager` serves one set of destinations (:class:`~slabstage.staging.destinations.Destinations`):
 the runner's buffers (:meth:`Stager.for_buffers`), or those of a standalone op's call
 (:mod:`slabstage.staging.op_stagers` keeps a few, keyed by the destinations themselves). What it holds (the
-pinned ring, the device parameter block, the checked configurations) belongs to those destinations alone and is freed
-with it, once the device work it queued has finished. :meth:`Stager.prepare` checks a batch (nothing is
+pinned ring, the device parameter block, the checked configurations) belongs to those destinations alone and is
+freed with it, once the device work it queued has finished. :meth:`Stager.prepare` checks a batch (nothing is
 written when that raises) and writes its parameter block into the next slot of the pinned ring
 (:meth:`Stager._write`, from a template of the words a configuration fixes). Then either :meth:`Stager.launch`
-moves it into the stager's device parameter block and queues the staging kernel, or a graph recorded by :meth:`Stager.record` is replayed
-through :meth:`Stager.replay`: it begins with the fetch kernel, which copies the parameter block itself, so a replayed
-step costs the host no copy call. On a CPU device without Triton's interpreter the PyTorch reference stages
-the checked batch instead.
+moves it into the stager's device parameter block and queues the staging kernel, or a graph recorded by
+:meth:`Stager.record` is replayed through :meth:`Stager.replay`: it begins with the fetch kernel, which copies the
+parameter block itself, so a replayed step costs the host no copy call. On a CPU device without Triton's
+interpreter the PyTorch reference stages the checked batch instead.
 
 Ordering: a ring slot is rewritten only once the staging kernel that followed its last reader (the copy or
 the fetch, on the same stream) has reported its step in the ring's ``done`` word
