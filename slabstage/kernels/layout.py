@@ -94,7 +94,10 @@ ROWS = 1  # [rows, T] (token axis 1): each row as TOKENS
 REQUESTS = 2  # [max_batch_size]: [0, b) copied, the rest padded
 COUNT = 3  # [1]: the batch's token count, never padded
 
-# -- the error word's bits (word 0; slabstage.staging.errors)
+# -- the error word (slabstage.staging.errors): int32 words, and the bits of its first
+ERROR_CODES, ERROR_ROWS, ERROR_FIRST_ROW, ERROR_PLACEHOLDERS = range(4)  # OR of the bits, rows flagged, first
+ERROR_WORD_SIZE = 4  # flagged row (NO_ROW when none), the last placeholder count media_index_from_mask found
+NO_ROW = 2**31 - 1
 BAD_TOKEN_ID = 1  # a text row's id is negative or >= the vocabulary size
 BAD_MEDIA_INDEX = 2  # a media row's index is >= the number of media rows
 MEDIA_COUNT_MISMATCH = 4  # placeholder rows in the mask != media rows given

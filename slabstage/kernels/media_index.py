@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from .layout import device as K
 from .runtime import tl, triton
 
 __all__ = ["media_index_from_counts_kernel"]
@@ -21,5 +22,5 @@ if triton is not None:
         last = offs == n - 1  # the program holding the last row checks the total
         total = tl.sum(tl.where(last, counts, 0), axis=0)
         has_last = tl.sum(last.to(tl.int32), axis=0) > 0
-        tl.atomic_or(errors_ptr, MISMATCH, mask=has_last & (total != num_media))
-        tl.atomic_xchg(errors_ptr + 3, total, mask=has_last)
+        tl.atomic_or(errors_ptr + K.ERROR_CODES, MISMATCH, mask=has_last & (total != num_media))
+        tl.atomic_xchg(errors_ptr + K.ERROR_PLACEHOLDERS, total, mask=has_last)

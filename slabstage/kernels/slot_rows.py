@@ -36,7 +36,7 @@ if triton is not None:
         keep = offs < count
         if dst_code == K.INT32_CODE:
             lost = keep & (val.to(tl.int32).to(tl.int64) != val)
-            tl.atomic_or(errors_ptr, K.VALUE_OUT_OF_RANGE, mask=tl.max(lost.to(tl.int32), axis=0) > 0)
+            tl.atomic_or(errors_ptr + K.ERROR_CODES, K.VALUE_OUT_OF_RANGE, mask=tl.max(lost.to(tl.int32), axis=0) > 0)
         if tl.load(dd + K.D_PAD) != 0:
             val = tl.where(keep, val, tl.load(dd + K.D_FILL))
             keep = offs < limit

@@ -126,9 +126,9 @@ if triton is not None:
             read_text = is_text & (tok >= vocab_start) & (tok < vocab_end) & (tok < vocab_size)
 
             flag = (bad_id | bad_media) & (col0 == 0)  # one report per row
-            tl.atomic_or(errors_ptr, tl.where(bad_id, K.BAD_TOKEN_ID, K.BAD_MEDIA_INDEX), mask=flag)
-            tl.atomic_add(errors_ptr + 1, 1, mask=flag)
-            tl.atomic_min(errors_ptr + 2, row.to(tl.int32), mask=flag)
+            tl.atomic_or(errors_ptr + K.ERROR_CODES, tl.where(bad_id, K.BAD_TOKEN_ID, K.BAD_MEDIA_INDEX), mask=flag)
+            tl.atomic_add(errors_ptr + K.ERROR_ROWS, 1, mask=flag)
+            tl.atomic_min(errors_ptr + K.ERROR_FIRST_ROW, row.to(tl.int32), mask=flag)
 
             # a row is media, text or zeros, the same for every column: one arm runs, and only its values live.
             # Unpromised loads are one element wide, an address each: that arm walks the piece PIECE columns

@@ -5,15 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..checks import FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_int
+from ..kernels.layout import ERROR_FIRST_ROW, ERROR_WORD_SIZE, NO_ROW
 from .registry import BufferRegistry
 from .slots import REQUESTS, ROWS, SLOTS, TOKENS, SlotSpec
 
 __all__ = ["StagingBuffers", "ERROR_WORD_SIZE", "new_error_word"]
 
-# errors[0]: OR of the error codes (slabstage.staging.errors), errors[1]: rows flagged,
-# errors[2]: first flagged row (INT32_MAX when none), errors[3]: last placeholder count seen.
-ERROR_WORD_SIZE = 4
-NO_ROW = 2**31 - 1
 
 
 def new_error_word(device: torch.device | str) -> torch.Tensor:
@@ -24,7 +21,7 @@ def new_error_word(device: torch.device | str) -> torch.Tensor:
     """
     with torch.inference_mode(False):
         word = torch.zeros(ERROR_WORD_SIZE, dtype=torch.int32, device=device)
-        word[2] = NO_ROW  # a device fill, no host copy: safe under sync debug mode
+        word[ERROR_FIRST_ROW] = NO_ROW  # a device fill, no host copy: safe under sync debug mode
     return word
 
 

@@ -29,8 +29,9 @@ import threading
 
 import torch
 
-from ..kernels.layout import BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, VALUE_OUT_OF_RANGE
-from .buffers import ERROR_WORD_SIZE, NO_ROW, new_error_word
+from ..kernels.layout import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, ERROR_FIRST_ROW, ERROR_WORD_SIZE, MEDIA_COUNT_MISMATCH,
+                              NO_ROW, VALUE_OUT_OF_RANGE)
+from .buffers import new_error_word
 
 __all__ = [
     "BAD_TOKEN_ID",
@@ -123,7 +124,7 @@ def reset_errors(errors: torch.Tensor) -> None:
     check_error_word(errors, getattr(errors, "device", None), "the word")
     with writing_word(errors):
         errors[:ERROR_WORD_SIZE].zero_()
-        errors[2] = NO_ROW
+        errors[ERROR_FIRST_ROW] = NO_ROW
 
 
 def raise_if_errors(errors: torch.Tensor | None = None, *, device: torch.device | str | None = None) -> None:

@@ -14,10 +14,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..kernels.layout import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, COUNT, INTERVAL_F32, INTERVAL_F64, INTERVAL_INT,
+from ..kernels.layout import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, COUNT, ERROR_CODES, ERROR_FIRST_ROW, ERROR_PLACEHOLDERS,
+                              ERROR_ROWS, NO_ROW, INTERVAL_F32, INTERVAL_F64, INTERVAL_INT,
                               MEDIA_COUNT_MISMATCH, REQUESTS, SEG_AREA, SEG_BASE, SEG_CODE, SEG_COLUMNS, SEG_FIRST_ROW,
                               SEG_INTERVAL, SEG_OFFSET, SEGMENT_WORDS)
-from .buffers import NO_ROW
 from .destinations import Destinations
 from .errors import writing_word
 from .slots import SLOTS
@@ -51,9 +51,9 @@ def _record(errors: torch.Tensor, bad_id: torch.Tensor, bad_media: torch.Tensor)
     bad = bad_id | bad_media
     rows = torch.arange(bad.shape[0], device=bad.device, dtype=torch.int32)
     codes = bad_id.any().to(torch.int32) * BAD_TOKEN_ID | bad_media.any().to(torch.int32) * BAD_MEDIA_INDEX
-    errors[0] = errors[0] | codes
-    errors[1] += bad.sum(dtype=torch.int32)
-    errors[2] = torch.minimum(errors[2], torch.where(bad, rows, NO_ROW).min())
+    errors[ERROR_CODES] = errors[ERROR_CODES] | codes
+    errors[ERROR_ROWS] += bad.sum(dtype=torch.int32)
+    errors[ERROR_FIRST_ROW] = torch.minimum(errors[ERROR_FIRST_ROW], torch.where(bad, rows, NO_ROW).min())
 
 
 def media_rows(plan) -> torch.Tensor | None:
@@ -132,8 +132,8 @@ def media_index_from_mask_reference(is_media: torch.Tensor, num_media_rows: int,
     index = torch.where(is_media, counts + (src_start - 1), torch.full_like(counts, -1))
     total = counts[-1] if counts.numel() else torch.zeros((), dtype=torch.int32, device=is_media.device)
     with writing_word(errors):  # a caller's inference-mode word works too
-        errors[0] = errors[0] | ((total != num_media_rows).to(torch.int32) * MEDIA_COUNT_MISMATCH)
-        errors[3] = total
+        errors[ERROR_CODES] = errors[ERROR_CODES] | ((total != num_media_rows).to(torch.int32) * MEDIA_COUNT_MISMATCH)
+        errors[ERROR_PLACEHOLDERS] = total
     return index
 
 
