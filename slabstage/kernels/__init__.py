@@ -14,19 +14,6 @@ from ..staging.mrope import MropeLayout
 from ..staging.stage_embeddings import stage_embeddings
 from ..staging.stage_token_inputs import stage_token_inputs
 
-__all__ = [
-    "BAD_MEDIA_INDEX",
-    "BAD_TOKEN_ID",
-    "MEDIA_COUNT_MISMATCH",
-    "MropeLayout",
-    "StagingError",
-    "VALUE_OUT_OF_RANGE",
-    "default_error_word",
-    "media_index_from_mask",
-    "media_index_from_spans",
-    "new_error_word",
-    "raise_if_errors",
-    "reset_errors",
-    "stage_embeddings",
-    "stage_token_inputs",
-]
+__all__ = ["BAD_MEDIA_INDEX", "BAD_TOKEN_ID", "MEDIA_COUNT_MISMATCH", "MropeLayout", "StagingError",
+           "VALUE_OUT_OF_RANGE", "default_error_word", "media_index_from_mask", "media_index_from_spans",
+           "new_error_word", "raise_if_errors", "reset_errors", "stage_embeddings", "stage_token_inputs"]
