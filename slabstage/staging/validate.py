@@ -655,6 +655,7 @@ def _pad(lens: list, rs, ws, s0s, ptrs, k: int, text_width: int | None) -> tuple
 def _explain(items: tuple, device: torch.device, slab_width: int, text_width: int):
     """Check media items one by one; raise naming the first item and block that breaks a rule."""
     width = dtype = None
+    on_cuda = device.type == "cuda"
     for i, item in enumerate(items):
         if not item:
             raise ValueError(f"media item {i} is an empty tuple: give at least one column block")
@@ -663,18 +664,16 @@ def _explain(items: tuple, device: torch.device, slab_width: int, text_width: in
             name = f"media item {i}" + (f" block {j}" if len(item) > 1 else "")
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            check_tensor(name, t, dtypes=FLOAT_DTYPES, dims=2)
+            host = t.device.type == "cpu"  # (a host item is read in place on a GPU, an empty one never)
+            if host and on_cuda and t.numel() and not t.is_pinned():
+                raise ValueError(f"{name} is in pageable host memory: the kernel reads host items "
+                                 f"through their device-mapped address, so pin it (tensor.pin_memory())")
+            check_tensor(name, t, dtypes=FLOAT_DTYPES, device=None if host and (on_cuda or not t.numel()) else device,
+                         dims=2)
             if dtype is None:
                 dtype = t.dtype
             elif t.dtype != dtype:
                 raise TypeError(f"{name} is {t.dtype} but media item 0 is {dtype}: items share one dtype")
-            if not (t.device == device or (t.numel() == 0 and t.device.type == "cpu")):
-                if t.device.type == "cpu" and device.type == "cuda":
-                    if not t.is_pinned():
-                        raise ValueError(f"{name} is in pageable host memory: the kernel reads host items "
-                                         f"through their device-mapped address, so pin it (tensor.pin_memory())")
-                else:
-                    raise ValueError(f"{name} is on {t.device}; expected {device}")
             if item_rows is None:
                 item_rows = t.shape[0]
             elif t.shape[0] != item_rows:
