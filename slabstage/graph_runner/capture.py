@@ -191,11 +191,10 @@ def _check_one(stager: Stager, bucket: int, graph, out, probe, eager_out, eager_
         checked = stager.prepare(probe, bucket)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        if after_stage is not None:
-            stager.launch(checked, bucket)
         if after_stage is None:
             stager.replay(graph)
         else:
+            stager.launch(checked, bucket)
             graph.replay()
         end.record()
         end.synchronize()
