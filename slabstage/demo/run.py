@@ -65,18 +65,15 @@ def _errors_clean(errors: torch.Tensor) -> bool:
     return True
 
 
-class _Clock:
-    """CUDA events on the device timeline."""
+def _mark() -> torch.cuda.Event:
+    """A CUDA event recorded now, on the device timeline."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
-    @staticmethod
-    def mark() -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
 
-    @staticmethod
-    def micros(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        return start.elapsed_time(end) * 1e3
+def _micros(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+    return start.elapsed_time(end) * 1e3
 
 
 @dataclass
@@ -142,7 +139,7 @@ def _runner(model, args, capacity: int, buckets: list, marks: list | None, say) 
     buffers = StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=MAX_BATCH_SIZE,
                                       embed_width=model.embed_width, embed_dtype=model.dtype, device=model.device)
     runner = PrefillGraphRunner(model, buffers, buckets=buckets, max_padding_ratio=args.max_padding_ratio,
-                                after_stage=None if marks is None else (lambda pad_to: marks.append(_Clock.mark())),
+                                after_stage=None if marks is None else (lambda pad_to: marks.append(_mark())),
                                 progress=not args.quiet)
     runner.capture()
     if runner.captured:
@@ -158,15 +155,15 @@ def _check_batch(model, runner: PrefillGraphRunner, batch: PrefillBatch, kind, m
     n, images, cuda = batch.num_tokens, batch.media or [], marks is not None
     if cuda:
         marks.clear()
-    start = _Clock.mark() if cuda else None
+    start = _mark() if cuda else None
     out = runner.run(batch, clone=True)
-    end = _Clock.mark() if cuda else None
+    end = _mark() if cuda else None
     bucket = runner.last_bucket
     pad_to = bucket or n
     ref_views = reference_merge(model, batch, pad_to)
-    ref_start = _Clock.mark() if cuda else None
+    ref_start = _mark() if cuda else None
     ref = model(ref_views)[:n]
-    ref_end = _Clock.mark() if cuda else None
+    ref_end = _mark() if cuda else None
     slab_ok = torch.equal(runner.buffers.input_embeds[:pad_to], ref_views["input_embeds"])
     slab_ok = _errors_clean(runner.buffers.errors) and slab_ok
     out_ok = outputs_match(out, ref)
@@ -175,8 +172,8 @@ def _check_batch(model, runner: PrefillGraphRunner, batch: PrefillBatch, kind, m
     row = f"{n:>6} {batch.seq_lens.shape[0]:>4} {len(images):>6} {sum(item.shape[0] for item in images):>5}  "
     if cuda:
         torch.cuda.synchronize(runner.buffers.device)
-        stage_us, run_us = _Clock.micros(start, marks[0]), _Clock.micros(marks[0], end)
-        ref_us = _Clock.micros(ref_start, ref_end)
+        stage_us, run_us = _micros(start, marks[0]), _micros(marks[0], end)
+        ref_us = _micros(ref_start, ref_end)
         if bucket is not None:
             result.replayed += 1
             result.replay_us.append(run_us)
