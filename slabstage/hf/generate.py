@@ -20,6 +20,7 @@ import torch
 
 from ..cache.encoder_cache import EncoderCache
 from ..graph_runner.batch import PrefillBatch
+from ..graph_runner.buckets import default_token_buckets
 from ..graph_runner.runner import PrefillGraphRunner
 from ..staging.buffers import StagingBuffers
 from ._checks import as_prompt_ids, check_grid, check_pixels, check_placeholders, grid_rows, placeholder_runs
@@ -178,7 +179,7 @@ class Generator:
                                                device=self.device, mrope=fam.is_vlm)
         self.cache = KVCache.allocate(model, max_running, max_context)
         forward = prefill_forward(model, cache=self.cache)
-        ladder = sorted(set(decode_buckets(max_running)) | set(buckets or _prefill_buckets(token_budget)))
+        ladder = sorted(set(decode_buckets(max_running)) | set(buckets or default_token_buckets(token_budget)))
         self.runner = PrefillGraphRunner(forward, self.buffers, buckets=[b for b in ladder if b <= capacity],
                                          enforce_eager=not graphs, **{"progress": False, **(runner_options or {})})
         if graphs and self.device.type == "cuda":
@@ -363,11 +364,6 @@ class Generator:
                              **self.cache.batch_slots([s.row for s in seqs], where, [1] * len(seqs)))
         hidden = self.runner.run(batch)
         return list(zip(seqs, self._sample(hidden[:len(seqs)])))  # (row k: request k)
-
-
-def _prefill_buckets(budget: int) -> list[int]:
-    from ..graph_runner.buckets import default_token_buckets
-    return default_token_buckets(budget)
 
 
 def hf_generate(model, max_new_tokens: int, eos_token_id=None, **inputs) -> list[int]:
