@@ -1,408 +1,352 @@
-"""The encoder-output cache against one media tensor, engine-style merges and LightLLM's kernel (issue targets).
+"""The encoder-output cache against one media tensor, engine-style merges and LightLLM's kernel.
 
-Every comparison runs both sides in this process on the same inputs; each step gets new tensors (a new view of
-a rotating pool) and, for the cache, keys hit or new at a stated rate (new keys are put outside the timed
-region: the encoder's output copy is paid by any cache). Cases (bf16):
+Each comparison is one test that times both sides in one loop, ours and the reference alternated round by
+round (ABAB), so host noise hits both. Before every timed call both sides run the SAME untimed prologue: the
+step's new encoder outputs made (new views of a rotating pool), put into the cache under new keys AND copied
+into the one media tensor, the 16 keys looked up (``get_many``) and a new view of the media tensor taken;
+then a sync (host time, latency) or an L2 flush and a device sleep (device time). Inside the timed region the
+two sides differ only in the ``media`` argument. Medians, their ratio, the target and whether it was met go to
+``extra_info`` (``metric="ab"``; ``python bench/report.py`` tabulates them); the test's own timing is the
+loop's wall time. Cases (bf16):
 
-- ``host``: host time of :meth:`PrefillGraphRunner.run` (captured, forward almost nothing, 256 tokens x 4096,
-  half media rows, host integer inputs), building the ``PrefillBatch`` inside the timed region: one media
-  tensor, 16 cached entries (2 of 16 keys new each step; the 16 keys' ``get_many`` before the timed region,
-  then again inside it), 16 DeepStack items of 4 blocks as entries, and as tensors (context);
-- ``stage``: latency (host + device) and device time of ``stage_embeddings`` at 8192 x 4096, 16 cached items
-  against one tensor;
-- ``merge``: the Qwen3-VL-like merge (4096 tokens, 2320 media rows in 8 images, k = 3, H = 4096) from the cache
-  against an engine-style merge over a dict-of-tensors cache (Python gather, ``cat``, ``F.embedding``,
-  ``masked_scatter``, copy into the static buffer);
-- ``host_tier``: 16 entries in the pinned host tier staged at 8192 x 4096 (device time) against one
-  host-to-device copy of the same media bytes;
-- ``replay``: device time of a runner's replay (fetch, staging, a forward of almost nothing) at 256 / 2048 /
-  8192 x 4096, half media rows (16 entries), against LightLLM's kernel (``bench/peer_lightllm.py``) plus the
-  same forward captured in a graph by hand.
+- ``test_run_host``: host time of :meth:`PrefillGraphRunner.run` (captured, forward almost nothing, 256 tokens
+  x 4096, half media rows, host integer inputs), the ``PrefillBatch`` built inside the timed call: 16 cached
+  entries (2 of 16 keys new each step) against one media tensor (target <= 1.2x); 16 DeepStack entries of 4
+  column blocks against one media tensor (<= 1.3x);
+- ``test_stage``: ``stage_embeddings`` at 8192 x 4096, 16 cached entries (2 new each step) against one tensor:
+  latency, host and device together (<= 1.1x), and device time (<= 1.03x);
+- ``test_merge``: the Qwen3-VL-like merge (4096 tokens, 2320 media rows in 8 images, k = 3, H = 4096) from the
+  cache against an engine-style merge over a dict-of-tensors cache (Python gather, ``cat``, ``F.embedding``,
+  ``masked_scatter``, copy into the static buffer), one image new each step in both: latency (>= 5x faster)
+  and device time (>= 10x faster);
+- ``test_host_tier``: device time of 16 entries in the pinned host tier staged at 8192 x 4096 against one
+  host-to-device copy of the same media bytes (<= 1.1x);
+- ``test_replay``: device time of a runner's replay (fetch, staging, a forward of almost nothing) at 256 /
+  2048 / 8192 x 4096, half media rows in 16 entries, against LightLLM's kernel (``peer_lightllm.py``) plus the
+  same forward captured in a graph by hand (<= 1.2x);
+- ``test_get_many``: host time of ``EncoderCache.get_many`` of 16 keys alone (a plain host-time benchmark).
 
-Device time: CUDA events, the host given a head start by a device sleep; latency: the host clock around the
-call and a synchronize; host time: the host clock around the call, the device drained every 4 calls outside
-it. Medians. Prints ``RESULT`` lines and writes ``encoder_cache.json`` under ``--out``.
-
-GPU: ``python bench/bench_encoder_cache.py --out $OUT``; ``--smoke``: tiny sizes, every path checked once
-(CPU: the Triton interpreter).
+Without CUDA the device-time cases skip and the others run once at tiny sizes through the Triton
+interpreter: the staged slabs of both sides are compared, as on the GPU before any timing.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
+import pytest
 import torch
+import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import slabstage as ss
+from slabstage.cache import EncoderCache
+from peer_lightllm import image_ranges, lightllm_style_stage
 
-import torch.nn.functional as F  # noqa: E402
-
-import slabstage as ss  # noqa: E402
-from slabstage.cache import EncoderCache  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer_lightllm import image_ranges, lightllm_style_stage  # noqa: E402
-
-CUDA = torch.cuda.is_available()
-DEV = torch.device("cuda" if CUDA else "cpu")
+HAS_CUDA = torch.cuda.is_available()
+DEV = torch.device("cuda" if HAS_CUDA else "cpu")
 BF16 = torch.bfloat16
-RESULTS: list = []
-SLEEP = [0]
+SUITE = "encoder_cache"
+ITEMS, NEW_PER_STEP, POOL = 16, 2, 8
+WIDTH = 4096 if HAS_CUDA else 64
+HOST_TOKENS = 256 if HAS_CUDA else 32
+BIG = 8192 if HAS_CUDA else 64
+REPLAY_TOKENS = (256, 2048, 8192) if HAS_CUDA else (64,)
+MERGE = dict(n=4096, hidden=4096, media_rows=2320, k=3, images=8) if HAS_CUDA else \
+    dict(n=64, hidden=16, media_rows=32, k=3, images=4)
 
 
-def device_us(fn, reps):
-    if not CUDA:
-        fn()
-        return float("nan")
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        torch.cuda._sleep(SLEEP[0])
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    return statistics.median(times)
+def _sync():
+    if HAS_CUDA:
+        torch.cuda.synchronize()
 
 
-def latency_us(fn, reps):
-    sync = torch.cuda.synchronize if CUDA else (lambda: None)
-    for _ in range(3):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+# -- the A/B loop ------------------------------------------------------------------------------------
+def _time_once(measure, fn, arg, between_rounds) -> float:
+    """µs of one ``fn(arg)``: ``host`` (no sync inside), ``latency`` (up to a sync) or ``device`` (CUDA events)."""
+    if measure == "device":
+        between_rounds()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(arg)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3
+    _sync()
+    t0 = time.perf_counter()
+    fn(arg)
+    if measure == "latency":
+        _sync()
+    return (time.perf_counter() - t0) * 1e6
 
 
-def host_us(fn, reps):
-    sync = torch.cuda.synchronize if CUDA else (lambda: None)
-    for _ in range(5):
-        fn()
-    sync()
-    times = []
-    for i in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-        if i % 4 == 3:
-            sync()
-    sync()
-    return statistics.median(times)
+def _rounds(request, measure) -> tuple[int, int]:
+    if not HAS_CUDA:
+        return 2, 1
+    name = "--bench-host-rounds" if measure == "host" else "--bench-rounds"
+    rounds = max(1, request.config.getoption(name, default=400 if measure == "host" else 100))
+    return rounds, max(3, request.config.getoption("--bench-warmup", default=10))
 
 
-def result(case, what, ours, ref, bound, higher_better=False, **info):
-    ratio = ref / ours if higher_better else ours / ref
-    met = ratio >= bound if higher_better else ratio <= bound
-    row = dict(case=case, what=what, ours_us=round(ours, 2), reference_us=round(ref, 2), ratio=round(ratio, 3),
-               target=(">=" if higher_better else "<=") + str(bound), met=bool(met), **info)
-    RESULTS.append(row)
-    print(f"RESULT {case} {what}: {ours:.1f} us vs {ref:.1f} us -> {ratio:.3f}x (target {row['target']}: "
-          f"{'met' if met else 'MISSED'}) {info or ''}", flush=True)
+def ab(benchmark, request, between_rounds, *, measure, prologue, ours, reference, target, higher_better=False,
+       **info):
+    """Time ``ours(prep)`` and ``reference(prep)`` alternated, ``prep = prologue(step)`` untimed before each;
+    medians, ratio and target into ``extra_info``. ``higher_better``: the target is the reference's time over
+    ours (how many times faster), else ours over the reference's."""
+    rounds, warmup = _rounds(request, measure)
+    times = {"ours": [], "reference": []}
+    step = [0]
+
+    def loop():
+        for r in range(warmup + rounds):
+            for name, fn in (("ours", ours), ("reference", reference)):
+                step[0] += 1
+                t = _time_once(measure, fn, prologue(step[0]), between_rounds)
+                if r >= warmup:
+                    times[name].append(t)
+
+    benchmark._timer = time.perf_counter
+    benchmark.pedantic(loop, rounds=1, iterations=1)
+    if not times["ours"]:  # benchmarks disabled: pedantic ran nothing
+        loop()
+    a, b = statistics.median(times["ours"]), statistics.median(times["reference"])
+    ratio = b / a if higher_better else a / b
+    benchmark.extra_info.update(
+        suite=SUITE, metric="ab", measure=measure, ours_us=a, reference_us=b, ratio=ratio,
+        target=(">=" if higher_better else "<=") + str(target),
+        met=bool(ratio >= target if higher_better else ratio <= target), rounds=rounds, **info)
+    return ratio
 
 
-def media_index(n, media_rows, device):
-    """Media rows spread over the batch in 16 runs, text between."""
+# -- inputs ------------------------------------------------------------------------------------------
+def media_index(n, media_rows, runs=ITEMS):
+    """Media rows spread over the batch in ``runs`` equal runs, text between."""
     index = torch.full((n,), -1, dtype=torch.int64)
-    runs, per = 16, media_rows // 16
-    gap = (n - media_rows) // runs
-    at = 0
+    per, gap, at = media_rows // runs, (n - media_rows) // runs, 0
     for r in range(runs):
         at += gap
         index[at:at + per] = torch.arange(r * per, (r + 1) * per)
         at += per
-    return index.to(device)
+    return index
 
 
-def fill(cache, keys, rows, width, blocks=1):
-    for k in keys:
-        if k not in cache:
-            h = width // blocks
-            cache.put(k, tuple(torch.randn(rows, h, device=DEV, dtype=BF16) for _ in range(blocks)) if blocks > 1
-                      else torch.randn(rows, width, device=DEV, dtype=BF16))
+def stage_inputs(n, width, table_width=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 1000, (n,), generator=g).to(DEV)
+    table = torch.randn(1000, table_width or width, generator=g).to(DEV, BF16)
+    return ids, table, torch.empty(n, width, device=DEV, dtype=BF16), ss.new_error_word(DEV)
 
 
-# -- host time of run() --------------------------------------------------------------------------------------
-def case_host(n, width, reps):
+class Items:
+    """16 items of ``per`` rows, in an :class:`EncoderCache` under keys and in one media tensor, kept equal.
+
+    ``step(i)`` is the shared prologue: ``NEW_PER_STEP`` items get new encoder outputs (views of a rotating
+    pool, ``blocks`` column blocks each) under new keys: each is put into the cache and copied into its rows
+    of the media tensor. It returns ``{"ours": the 16 handles (get_many), "reference": a new view of the
+    media tensor}``.
+    """
+
+    def __init__(self, per, width, blocks=1, host_tier=False):
+        self.per, self.width, self.blocks = per, width, blocks
+        rows = ITEMS * per
+        budget = 4 * rows * width * 2
+        self.cache = EncoderCache(width, BF16, DEV, device_budget_bytes=budget)
+        self.one = torch.empty(rows, width, device=DEV, dtype=BF16)
+        h = width // blocks
+        self.pool = torch.randn(POOL, blocks, per, h, generator=torch.Generator().manual_seed(5)).to(DEV, BF16)
+        self.keys = [None] * ITEMS
+        self.next_key = 0
+        for slot in range(ITEMS):
+            self.renew(slot)
+
+    def renew(self, slot):
+        value = tuple(self.pool[self.next_key % POOL])  # the encoder's new output: column blocks
+        self.keys[slot] = key = f"image-{self.next_key}"
+        self.next_key += 1
+        self.cache.put(key, value if self.blocks > 1 else value[0])
+        h = self.width // self.blocks
+        for b, block in enumerate(value):
+            self.one[slot * self.per:(slot + 1) * self.per, b * h:(b + 1) * h].copy_(block)
+
+    def step(self, i):
+        for j in range(NEW_PER_STEP):
+            self.renew((NEW_PER_STEP * i + j) % ITEMS)
+        return {"ours": self.cache.get_many(self.keys, [self.per] * ITEMS), "reference": self.one[:]}
+
+
+# -- run() host time ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("blocks, target", [(1, 1.2), (4, 1.3)], ids=["entries", "deepstack_entries"])
+def test_run_host(benchmark, request, between_rounds, blocks, target):
+    n, width = HOST_TOKENS, WIDTH
+    rows = n // 2
+    items = Items(rows // ITEMS, width, blocks)
     buffers = ss.StagingBuffers.allocate(max_num_tokens=n, max_batch_size=4, embed_width=width, embed_dtype=BF16,
                                          device=DEV)
     runner = ss.PrefillGraphRunner(lambda v: v["input_embeds"][:1] * 2, buffers, buckets=[n], progress=False)
     runner.capture()
-    rows = n // 2
-    per = rows // 16
     table = torch.randn(1000, width, device=DEV, dtype=BF16)
-    pool = 8
-    ids = torch.randint(0, 1000, (pool, n))
-    pos = torch.arange(n).repeat(pool, 1)
-    mi = media_index(n, rows, "cpu").repeat(pool, 1)
-    media = torch.randn(pool, rows, width, device=DEV, dtype=BF16)
-    items = torch.randn(pool, 16, per, width, device=DEV, dtype=BF16)
-    h = width // 4
-    deep = torch.randn(pool, 16, 4, per, h, device=DEV, dtype=BF16)
-    cache = EncoderCache(width, BF16, DEV, device_budget_bytes=64 * per * width * 2)
-    state = {"i": 0, "next": 16}
-    keys = list(range(16))
-    fill(cache, keys, per, width)
-    deep_cache = EncoderCache(width, BF16, DEV, device_budget_bytes=64 * per * width * 2)
-    fill(deep_cache, keys, per, width, blocks=4)
+    ids = torch.randint(0, 1000, (POOL, n))
+    pos = torch.arange(n).repeat(POOL, 1)
+    mi = media_index(n, rows).repeat(POOL, 1)
 
-    def step(media_of):
-        i = state["i"] = state["i"] + 1
-        j = i % pool
-        return runner.run(ss.PrefillBatch(input_ids=ids[j], positions=pos[j], table=table, media=media_of(j),
-                                          media_index=mi[j]))
+    def run(media, i):  # new host integer inputs each call (views of a pool)
+        j = i % POOL
+        runner.run(ss.PrefillBatch(input_ids=ids[j], positions=pos[j], table=table, media=media, media_index=mi[j]))
 
-    def new_keys(c, blocks):  # 2 of 16 keys new each step: put before the timed call
-        for _ in range(2):
-            keys.pop(0)
-            keys.append(state["next"])
-            state["next"] += 1
-        fill(c, keys, per, width, blocks)
+    def prologue(i):
+        return dict(items.step(i), i=i)
 
-    def timed_entries(c, blocks, lookup):
-        """Median host time of run() with 16 entries; ``lookup``: the 16 keys' get_many inside the timed
-        region (else before it, as the engine's own lookup of its items is outside run())."""
-        rows = [per] * 16
-        times = []
-        for r in range(reps + 5):  # (the first 5 warm up)
-            new_keys(c, blocks)
-            if lookup:
-                t0 = time.perf_counter()
-                step(lambda j: c.get_many(keys, rows))
-            else:
-                media_now = c.get_many(keys, rows)
-                t0 = time.perf_counter()
-                step(lambda j, media=media_now: media)
-            times.append((time.perf_counter() - t0) * 1e6)
-            if r % 4 == 3 and CUDA:
-                torch.cuda.synchronize()
-        return statistics.median(times[5:])
-
-    one = host_us(lambda: step(lambda j: media[j]), reps)
-    for lookup in (False, True):
-        said = " (+ get_many of 16 keys)" if lookup else ""
-        ent = timed_entries(cache, 1, lookup)
-        result("host", f"run() {n} tokens: 16 cached entries{said} vs one media tensor", ent, one, 1.2,
-               hit_rate=14 / 16)
-        dent = timed_entries(deep_cache, 4, lookup)
-        result("host", f"run() {n} tokens: 16 DeepStack entries (4 blocks){said} vs one media tensor", dent, one,
-               1.3, hit_rate=14 / 16)
-    items16 = host_us(lambda: step(lambda j: list(items[j])), reps)
-    deep16 = host_us(lambda: step(lambda j: [tuple(deep[j, t]) for t in range(16)]), reps)
-    print(f"INFO host: 16 new item tensors {items16:.1f} us, 16 new DeepStack items {deep16:.1f} us, "
-          f"one tensor {one:.1f} us", flush=True)
-    RESULTS.append(dict(case="host", what="context", items_us=items16, deepstack_items_us=deep16, one_us=one))
+    slabs, prep = [], prologue(0)
+    for side in ("ours", "reference"):
+        run(prep[side], 0)
+        slabs.append(buffers.input_embeds[:n].clone())
+    assert torch.equal(*slabs), "cached entries and one media tensor staged different slabs"
+    ab(benchmark, request, between_rounds, measure="host", prologue=prologue,
+       ours=lambda p: run(p["ours"], p["i"]), reference=lambda p: run(p["reference"], p["i"]), target=target,
+       case="run() host", impl=f"{ITEMS} cached {'DeepStack entries of 4 blocks' if blocks > 1 else 'entries'}",
+       reference_impl="one media tensor", tokens=n, width=width, hit_rate=1 - NEW_PER_STEP / ITEMS)
 
 
-# -- staging latency and device time ----------------------------------------------------------------------
-def stage_inputs(n, width, table_width=None, seed=0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    ids = torch.randint(0, 1000, (n,), generator=g).to(DEV)
-    table = torch.randn(1000, table_width or width, generator=g).to(DEV, BF16)
-    slab = torch.empty(n, width, device=DEV, dtype=BF16)
-    return ids, table, slab, ss.new_error_word(DEV)
+def test_get_many(host_bench):
+    items = Items(4, WIDTH)
+    keys, rows = list(items.keys), [items.per] * ITEMS
+    handles = host_bench(lambda: items.cache.get_many(keys, rows))
+    assert [items.cache.rows_of(h).shape[0] for h in handles] == rows
+    host_bench.record_host_time(suite=SUITE, impl="EncoderCache.get_many", shape=f"{ITEMS} keys")
 
 
-def case_stage(n, width, reps):
-    rows = n // 2
-    per = rows // 16
+# -- staging latency and device time ---------------------------------------------------------------------
+@pytest.mark.parametrize("measure, target", [("latency", 1.1), pytest.param("device", 1.03, marks=pytest.mark.cuda)],
+                         ids=["latency", "device"])
+def test_stage(benchmark, request, between_rounds, measure, target):
+    n, width = BIG, WIDTH
     ids, table, slab, err = stage_inputs(n, width)
-    mi = media_index(n, rows, DEV)
-    cache = EncoderCache(width, BF16, DEV, device_budget_bytes=2 * rows * width * 2)
-    keys = [f"image-{k}" for k in range(16)]
-    fill(cache, keys, per, width)
-    counts = [per] * 16
-    one = torch.cat([cache.rows_of(cache.get(k)) for k in keys])
+    items = Items(n // 2 // ITEMS, width)
+    mi = media_index(n, n // 2).to(DEV)
 
-    def ours():
-        ss.stage_embeddings(slab, ids, table, errors=err, media=cache.get_many(keys, counts),
-                            media_index=mi)
+    def stage(media):
+        ss.stage_embeddings(slab, ids, table, errors=err, media=media, media_index=mi)
 
-    def ref():
-        ss.stage_embeddings(slab, ids, table, errors=err, media=one[:], media_index=mi)
-
-    check = slab.clone()
-    ours()
-    a = slab.clone()
-    ref()
-    assert torch.equal(a, slab), "entries and one tensor staged different slabs"
-    del check
-    result("stage", f"latency {n}x{width}: 16 cached items vs one tensor", latency_us(ours, reps),
-           latency_us(ref, reps), 1.1)
-    result("stage", f"device {n}x{width}: 16 cached items vs one tensor", device_us(ours, reps), device_us(ref, reps),
-           1.03)
+    slabs, prep = [], items.step(0)
+    for side in ("ours", "reference"):
+        stage(prep[side])
+        slabs.append(slab.clone())
+    assert torch.equal(*slabs), "cached entries and one media tensor staged different slabs"
+    ab(benchmark, request, between_rounds, measure=measure, prologue=items.step, ours=lambda p: stage(p["ours"]),
+       reference=lambda p: stage(p["reference"]), target=target, case=f"stage {measure}",
+       impl=f"{ITEMS} cached entries", reference_impl="one media tensor", tokens=n, width=width,
+       hit_rate=1 - NEW_PER_STEP / ITEMS)
 
 
-# -- the Qwen3-VL-like merge -----------------------------------------------------------------------------
-def case_merge(n, hidden, media_rows, k, images, reps):
+# -- the Qwen3-VL-like merge -------------------------------------------------------------------------------
+@pytest.mark.parametrize("measure, target", [("latency", 5.0), pytest.param("device", 10.0, marks=pytest.mark.cuda)],
+                         ids=["latency", "device"])
+def test_merge(benchmark, request, between_rounds, measure, target):
+    n, hidden, media_rows, k, images = (MERGE[x] for x in ("n", "hidden", "media_rows", "k", "images"))
     width = hidden * (1 + k)
     ids, table, slab, err = stage_inputs(n, width, table_width=hidden, seed=1)
     per = media_rows // images
-    mi = torch.full((n,), -1, dtype=torch.int64)
-    gap = (n - media_rows) // images
-    at = 0
-    for i in range(images):
-        at += gap
-        mi[at:at + per] = torch.arange(i * per, (i + 1) * per)
-        at += per
-    mask = (mi >= 0).to(DEV)
-    mi = mi.to(DEV)
-    image_token = 7
-    engine_ids = torch.where(mask, torch.full_like(ids, image_token), ids)
-    keys = [f"img-{i}" for i in range(images)]
-    encoder_dict = {key: tuple(torch.randn(per, hidden, device=DEV, dtype=BF16) for _ in range(1 + k))
-                    for key in keys}
+    mi = media_index(n, media_rows, runs=images).to(DEV)
+    mask = mi >= 0
+    engine_ids = torch.where(mask, torch.full_like(ids, 7), ids)  # the image placeholder id
+    pool = [tuple(torch.randn(per, hidden, device=DEV, dtype=BF16) for _ in range(1 + k)) for _ in range(POOL)]
     cache = EncoderCache(width, BF16, DEV, device_budget_bytes=2 * media_rows * width * 2)
-    for key in keys:
-        cache.put(key, encoder_dict[key])
+    encoder_dict, keys = {}, [None] * images
     static = torch.empty(n, width, device=DEV, dtype=BF16)
     counts = [per] * images
 
-    def engine():  # vLLM-style: gather per item, cat, embed, masked_scatter, copy into the graph's buffer
+    def renew(slot, i):  # a new image: put into both caches
+        encoder_dict.pop(keys[slot], None)
+        keys[slot] = key = f"img-{i}-{slot}"
+        encoder_dict[key] = pool[i % POOL]
+        cache.put(key, pool[i % POOL])
+
+    for slot in range(images):
+        renew(slot, slot)
+
+    def prologue(i):
+        renew(i % images, i)
+        return None
+
+    def engine(_=None):  # vLLM-style: gather per item, cat, embed, masked_scatter, copy into the graph's buffer
         outs = [encoder_dict[key] for key in keys]
-        main = torch.cat([o[0] for o in outs])
-        x = F.embedding(engine_ids, table)
-        x = x.masked_scatter(mask[:, None], main)
+        x = F.embedding(engine_ids, table).masked_scatter(mask[:, None], torch.cat([o[0] for o in outs]))
         ds = torch.cat([torch.cat([o[j] for o in outs]) for j in range(1, 1 + k)], 1)
-        deep = torch.zeros(n, k * hidden, device=DEV, dtype=BF16)
-        deep = deep.masked_scatter(mask[:, None], ds)
+        deep = torch.zeros(n, k * hidden, device=DEV, dtype=BF16).masked_scatter(mask[:, None], ds)
         static[:, :hidden].copy_(x)
         static[:, hidden:].copy_(deep)
 
-    def ours():
-        ss.stage_embeddings(slab, ids, table, errors=err, media=cache.get_many(keys, counts),
-                            media_index=mi)
+    def ours(_=None):
+        ss.stage_embeddings(slab, ids, table, errors=err, media=cache.get_many(keys, counts), media_index=mi)
 
     engine()
     ours()
-    m = mask.bool()
-    assert torch.equal(slab[m], static[m]) and torch.equal(slab[~m][:, hidden:], static[~m][:, hidden:])
-    result("merge", f"latency Qwen3-VL-like {n} tokens {media_rows} media rows k={k}: cache vs engine merge",
-           latency_us(ours, reps), latency_us(engine, reps), 5.0, higher_better=True)
-    result("merge", f"device Qwen3-VL-like {n} tokens {media_rows} media rows k={k}: cache vs engine merge",
-           device_us(ours, reps), device_us(engine, reps), 10.0, higher_better=True)
+    assert torch.equal(slab[mask], static[mask]) and torch.equal(slab[~mask][:, hidden:], static[~mask][:, hidden:])
+    ab(benchmark, request, between_rounds, measure=measure, prologue=prologue, ours=ours, reference=engine,
+       target=target, higher_better=True, case=f"merge {measure}", impl="stage_embeddings from the cache",
+       reference_impl="engine-style merge over a dict of tensors", tokens=n, width=width, media_rows=media_rows,
+       k=k)
 
 
-# -- the host tier ---------------------------------------------------------------------------------------
-def case_host_tier(n, width, reps):
+# -- the host tier ---------------------------------------------------------------------------------------------
+@pytest.mark.cuda
+def test_host_tier(benchmark, request, between_rounds):
+    n, width = BIG, WIDTH
     rows = n // 2
-    per = rows // 16
+    per = rows // ITEMS
     ids, table, slab, err = stage_inputs(n, width, seed=2)
-    mi = media_index(n, rows, DEV)
+    mi = media_index(n, rows).to(DEV)
     cache = EncoderCache(width, BF16, DEV, device_budget_bytes=per * width * 2,
                          host_budget_bytes=(rows + per) * width * 2)
-    keys = [f"image-{k}" for k in range(16)]
-    fill(cache, keys + ["last"], per, width)  # each put pushes the one before into the host tier
+    keys = [f"image-{k}" for k in range(ITEMS)]
+    for key in keys + ["last"]:  # each put pushes the one before into the host tier
+        cache.put(key, torch.randn(per, width, device=DEV, dtype=BF16))
     assert all(cache.tier(cache.get(key)) == "host" for key in keys)
-    entries = [cache.get(key, rows=per) for key in keys]
-    pinned = torch.empty(rows, width, dtype=BF16, pin_memory=CUDA)
+    entries = cache.get_many(keys, [per] * ITEMS)
+    pinned = torch.empty(rows, width, dtype=BF16, pin_memory=True)
     dst = torch.empty(rows, width, dtype=BF16, device=DEV)
-
-    def ours():
-        ss.stage_embeddings(slab, ids, table, errors=err, media=entries, media_index=mi)
-
-    def h2d():
-        dst.copy_(pinned, non_blocking=True)
-
-    result("host_tier", f"device {n}x{width}: 16 host-tier entries vs an H2D copy of the same bytes",
-           device_us(ours, reps), device_us(h2d, reps), 1.1, media_bytes=rows * width * 2)
+    ab(benchmark, request, between_rounds, measure="device", prologue=lambda i: None,
+       ours=lambda _: ss.stage_embeddings(slab, ids, table, errors=err, media=entries, media_index=mi),
+       reference=lambda _: dst.copy_(pinned, non_blocking=True), target=1.1, case="host tier device",
+       impl=f"{ITEMS} host-tier entries", reference_impl="H2D copy of the same bytes", tokens=n, width=width,
+       media_bytes=rows * width * 2)
 
 
-# -- a replay's staging against LightLLM's kernel in a hand-captured graph ----------------------------------
-def case_replay(n, width, reps):
+# -- a replay's staging against LightLLM's kernel in a hand-captured graph ------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", REPLAY_TOKENS)
+def test_replay(benchmark, request, between_rounds, n):
+    width = WIDTH
     rows = n // 2
-    per = rows // 16
+    per = rows // ITEMS
     buffers = ss.StagingBuffers.allocate(max_num_tokens=n, max_batch_size=4, embed_width=width, embed_dtype=BF16,
                                          device=DEV)
-
-    def forward(v):
-        return v["input_embeds"][:1] * 2
-
-    runner = ss.PrefillGraphRunner(forward, buffers, buckets=[n], progress=False)
+    runner = ss.PrefillGraphRunner(lambda v: v["input_embeds"][:1] * 2, buffers, buckets=[n], progress=False)
     runner.capture()
     ids, table, _, _ = stage_inputs(n, width, seed=3)
-    mi = media_index(n, rows, DEV)
-    cache = EncoderCache(width, BF16, DEV, device_budget_bytes=2 * rows * width * 2)
-    keys = [f"image-{k}" for k in range(16)]
-    fill(cache, keys, per, width)
-    entries = [cache.get(key, rows=per) for key in keys]
+    mi = media_index(n, rows).to(DEV)
+    items = Items(per, width)
+    entries = items.cache.get_many(items.keys, [per] * ITEMS)
     batch = ss.PrefillBatch(input_ids=ids, positions=torch.arange(n, device=DEV), table=table, media=entries,
                             media_index=mi)
-    media = torch.cat([cache.rows_of(e) for e in entries])
-    lens = [per] * 16
-    start_ids, img_lens, locs = image_ranges(lens, 1000, DEV)
+    start_ids, img_lens, locs = image_ranges([per] * ITEMS, 1000, DEV)
     fake = ids.clone()
     fake[mi >= 0] = 1000 + mi[mi >= 0]
     out = torch.empty(n, width, device=DEV, dtype=BF16)
 
     def peer():
-        lightllm_style_stage(out, fake, table, media, start_ids, img_lens, locs)
+        lightllm_style_stage(out, fake, table, items.one, start_ids, img_lens, locs)
         return out[:1] * 2
 
-    if CUDA:
+    peer()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
         peer()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            peer()
-        replay_peer = graph.replay
-    else:
-        replay_peer = peer
     runner.run(batch)
-    assert runner.last_bucket == n or not CUDA
-    result("replay", f"device {n}x{width} replay: runner (16 entries) vs LightLLM kernel + forward in a graph",
-           device_us(lambda: runner.run(batch), reps), device_us(replay_peer, reps), 1.2)
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=".", help="folder for encoder_cache.json")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: every path once (CPU: the interpreter)")
-    p.add_argument("--reps", type=int, default=100)
-    p.add_argument("--cases", default="host,stage,merge,host_tier,replay")
-    args = p.parse_args(argv)
-    cases = args.cases.split(",")
-    reps = 2 if args.smoke else args.reps
-    if CUDA:
-        from harness import sleep_cycles_per_us
-        SLEEP[0] = int(sleep_cycles_per_us() * 300)
-    big, w = (64, 64) if args.smoke else (8192, 4096)
-    torch.manual_seed(0)
-    if "host" in cases:
-        case_host(32 if args.smoke else 256, w, 20 if args.smoke else 400)
-    if "stage" in cases:
-        case_stage(big, w, reps)
-    if "merge" in cases:
-        if args.smoke:
-            case_merge(64, 16, 32, 3, 4, reps)
-        else:
-            case_merge(4096, 4096, 2320, 3, 8, reps)
-    if "host_tier" in cases:
-        case_host_tier(big, w, reps)
-    if "replay" in cases:
-        for n in ((64,) if args.smoke else (256, 2048, 8192)):
-            case_replay(n, w, reps)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    info = dict(device=torch.cuda.get_device_name() if CUDA else "cpu", torch=torch.__version__, results=RESULTS)
-    (out / "encoder_cache.json").write_text(json.dumps(info, indent=1, default=str))
-    print(f"wrote {out / 'encoder_cache.json'}")
-
-
-if __name__ == "__main__":
-    main()
+    graph.replay()
+    assert runner.last_bucket == n and torch.equal(buffers.input_embeds[:n], out)
+    ab(benchmark, request, between_rounds, measure="device", prologue=lambda i: None,
+       ours=lambda _: runner.run(batch), reference=lambda _: graph.replay(), target=1.2, case="replay device",
+       impl=f"runner replay ({ITEMS} entries)", reference_impl="LightLLM kernel + forward in a graph", tokens=n,
+       width=width)

@@ -10,27 +10,28 @@ Time to first token (TTFT): from the pixels (the vision encoder runs inside the 
 tower call over the 8 images) to the first new id of every request: ``generate(max_new_tokens=1)``.
 Decode: ``8 * 63 / (T(64) - T(1))`` tokens a second, both sides at batch 8. HF runs the 8 prompts as one
 batch (left-padded where lengths differ), sdpa. The vision encoder's own time and its share of each TTFT are
-reported. Medians of ``--rounds``. Every request's ids are also compared with HF's (bf16: the first differing
-position is reported, not asserted). Our side is a ``Generator`` made (and captured) once, outside the times.
-
-    python bench/bench_generate.py --out $OUT
-
-Prints one ``RESULT {json}`` line per model and writes them all to ``OUT/generate.json``.
+reported. Medians of ``ROUNDS`` rounds. Every request's ids are also compared with HF's (bf16: the first
+differing position is reported, not asserted). Our side is a ``Generator`` made (and captured) once, outside the
+times. One test a model (``test_generate[model]``), the figures in ``extra_info`` (``metric="figures"``; the
+test's own timing is the whole comparison's wall time); ``python bench/run.py --suite generate``. Skips without
+CUDA or transformers.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
+import pytest
 import torch
 
-import slabstage.hf as sshf
-from slabstage.hf.generate import Generator
-from slabstage.hf.tiny import IMAGE, PATCH, TEMPORAL, VISION_END, VISION_START, tiny_model
+pytest.importorskip("transformers")
+if not torch.cuda.is_available():
+    pytest.skip("generation benchmarks need a CUDA device", allow_module_level=True)
+
+import slabstage.hf as sshf  # noqa: E402
+from slabstage.hf.generate import Generator  # noqa: E402
+from slabstage.hf.tiny import IMAGE, PATCH, TEMPORAL, VISION_END, VISION_START, tiny_model  # noqa: E402
 
 MODELS = {
     "qwen3_vl": dict(family="qwen3_vl", hidden=2048, layers=4, heads=16, kv_heads=8, intermediate=6144,
@@ -39,6 +40,7 @@ MODELS = {
 }
 GRID = (1, 32, 56)
 REQUESTS, NEW, PROMPT = 8, 64, 1024
+ROUNDS = 3
 DEVICE, DTYPE = "cuda", torch.bfloat16
 
 
@@ -157,22 +159,12 @@ def run(name: str, rounds: int) -> dict:
         targets=dict(ttft_speedup=1.5, decode_speedup=3.0),
         torch=torch.__version__, device=torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
     )
-    print("RESULT " + json.dumps(result), flush=True)
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="directory: writes generate.json there")
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_generate needs a CUDA device")
-    results = [run(name, args.rounds) for name in args.models]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "generate.json").write_text(json.dumps(results, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+@pytest.mark.parametrize("name", list(MODELS))
+def test_generate(benchmark, name):
+    result = {}
+    benchmark._timer = time.perf_counter
+    benchmark.pedantic(lambda: result.update(run(name, ROUNDS)), rounds=1, iterations=1)
+    benchmark.extra_info.update(suite="generate", metric="figures", impl=name, **result)

@@ -1,21 +1,23 @@
 """An engine's prefill: packed requests with the KV cache written, each case in a fresh process.
 
 Model: the Qwen2-7B-shaped decoder of ``bench_replay.py`` (hidden 3584, 28 heads, 4 KV heads, head dim 128,
-4 layers, bf16, sdpa). Cases (``test_prefill[case]``; ``python bench/bench_prefill.py --out DIR`` runs them all
-and writes ``DIR/prefill.json``; ``--worker CASE`` prints one case's ``RESULT {json}`` line):
+4 layers, bf16, sdpa). Cases (``test_prefill[case]``; ``python bench/run.py --suite prefill`` runs them all into
+``bench/results/prefill.json``; each test runs its case in a fresh process, this file with ``--worker CASE``,
+which prints the case's figures as one ``RESULT {json}`` line):
 
 - ``packed_16x1024``, ``packed_4x1024``: the requests packed in one batch, ``prefill_forward(model,
   cache=...)`` captured at the batch's bucket and replayed, against (a) the same requests one by one through
-  HF's forward (``model.model(input_ids=...)``), (b) the dense-mask forward slabstage shipped before the KV
-  cache (a copy, :func:`dense_mask_forward`: a ``[T, T]`` boolean mask, SDPA), captured and replayed, and (c)
+  HF's forward (``model.model(input_ids=...)``), (b) a dense-mask packed forward without a KV
+  cache (:func:`dense_mask_forward`: a ``[T, T]`` boolean mask, SDPA), captured and replayed, and (c)
   the same packed forward without ``cache`` (the KV write's share of the step). Also replay == eager bit for
   bit, memory (the step's peak above what was allocated before it, eager), and capture seconds
   (the Triton kernel compiled by an eager step first, so capture time is capture alone).
 - ``chunked_16384``: one 16384-token prompt in four 4096-token chunks (each reading the earlier chunks from
   the cache) against one 16384-token step.
 
-Each figure is the median of ``ROUNDS`` steps timed with a device sync around ``runner.run``. Prints one
-``RESULT name value`` line per figure. Skips without CUDA or transformers.
+Each figure is the median of ``ROUNDS`` steps timed with a device sync around ``runner.run``; the figures go to
+``extra_info`` (``metric="figures"``; the test's own timing is the worker's wall time). Skips without CUDA or
+transformers.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ pytestmark = [pytest.mark.skipif(not HAS_CUDA, reason="prefill benchmarks need a
 
 
 def dense_mask_forward(model):
-    """The packed forward before the KV cache: a ``bool[1, 1, T, T]`` mask (same request and causal; padding
-    rows see themselves) and the model's sdpa attention. The reference the new forward is measured against."""
+    """A packed forward without a KV cache: a ``bool[1, 1, T, T]`` mask (same request and causal; padding rows
+    see themselves) and the model's sdpa attention; a reference ``prefill_forward`` is measured against."""
     lm = model.model
     layers, norm, rotary = lm.layers, lm.norm, lm.rotary_emb
 
@@ -215,30 +217,16 @@ def test_prefill(benchmark, case):
     result = {}
     benchmark._timer = time.perf_counter
     benchmark.pedantic(lambda: result.update(in_child(case)), rounds=1, iterations=1)
-    benchmark.extra_info.update(suite="prefill", **result)
+    benchmark.extra_info.update(suite="prefill", metric="figures", impl=case, **result)
     if case.startswith("packed_"):
         assert result["replay_equals_eager"]
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--worker", choices=CASES, help="run one case here, print its RESULT line")
-    p.add_argument("--out", help="run every case in fresh processes; write prefill.json here")
-    p.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
+    p = argparse.ArgumentParser(description="the worker of bench_prefill.py: one case's figures as a JSON line")
+    p.add_argument("--worker", choices=CASES, required=True, help="run one case here, print its RESULT line")
     args = p.parse_args()
-    if args.worker:
-        print("RESULT " + json.dumps(work(args.worker)), flush=True)
-        return 0
-    results = {}
-    for case in args.cases:
-        results[case] = r = in_child(case)
-        for key, value in r.items():
-            if key != "case":
-                print(f"RESULT {case}.{key} {value}", flush=True)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "prefill.json"), "w") as f:
-            json.dump(results, f, indent=1)
+    print("RESULT " + json.dumps(work(args.worker)), flush=True)
     return 0
 
 

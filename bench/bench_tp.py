@@ -1,14 +1,14 @@
 """Vocab-parallel staging on two GPUs: where should the slab's all-reduce run?
 
-    python bench/bench_tp.py                        # 8192 and 1024 tokens x 4096, bf16
-    python bench/bench_tp.py --tokens 8192 --rounds 500
+    python bench/run.py --suite tp                  # 8192 and 1024 tokens x 4096, bf16
 
-A standalone script (not a pytest-benchmark suite): it spawns one process per GPU
-(torch.multiprocessing, NCCL, NVLink multicast left off: ``NCCL_NVLS_ENABLE=0``,
-``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``), times every case below in the same
-session on the same inputs, checks that both tensor-parallel placements give the
-single-GPU slab bit for bit, writes ``bench/results/tp.json`` and prints a table.
-Without two GPUs it says so and exits 0.
+``test_tp`` spawns one process per GPU inside the test (torch.multiprocessing, NCCL,
+NVLink multicast left off: ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``),
+times every case below in the same session on the same inputs and checks that both
+tensor-parallel placements give the single-GPU slab bit for bit. The figures (per case
+and timing, the larger rank's median; the verdict; the machine and NCCL version) go to
+``extra_info`` (``metric="figures"``; the test's own timing is the ranks' wall time).
+It skips without two CUDA GPUs and NCCL.
 
 Inputs per token count ``n``: bf16, width 4096, vocabulary 32000 split in two
 contiguous shards (:func:`slabstage.distributed.vocab_shard`), half the rows media
@@ -31,10 +31,10 @@ The forward stand-in is one small kernel that reads the slab (a row copy), so th
 both placements replay a graph, as an engine does: they differ only in where the
 all-reduce is issued.
 
-Three timings per case, medians over ``--rounds`` rounds after ``--warmup``:
+Three timings per case, medians over ``OPTS["rounds"]`` rounds after ``OPTS["warmup"]``:
 
 - ``device_us``: CUDA events around the step, each round preceded (untimed) by a
-  barrier, an L2 flush and a ``--head-start-us`` device sleep, so the host has
+  barrier, an L2 flush and a ``head_start_us`` device sleep, so the host has
   queued the whole step before it starts: the device time alone;
 - ``latency_us``: CUDA events around the step issued to an idle device (barrier,
   flush, sync, then the step): device time plus the host's launch gaps, what one
@@ -47,32 +47,28 @@ Each is reported per rank and as the larger of the two ranks' medians.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-if __name__ == "__main__" and sys.path and Path(sys.path[0] or os.curdir).resolve() == _HERE:
-    # Run as a script, bench/ heads sys.path: put the checkout there, so its slabstage is found installed
-    # or not (spawned children inherit this sys.path).
-    sys.path[0] = str(_HERE.parent)
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-from slabstage import StagingBuffers, stage_embeddings  # noqa: E402
-from harness import sleep_cycles_per_us  # noqa: E402
-from slabstage.distributed import SlabAllReduce, vocab_parallel_args  # noqa: E402
+from slabstage import StagingBuffers, stage_embeddings
+from harness import sleep_cycles_per_us
+from slabstage.distributed import SlabAllReduce, vocab_parallel_args
 
 WORLD = 2
-RESULTS = _HERE / "results" / "tp.json"
+# tokens; slab width; vocabulary; rows per text/media block; timed rounds per case and timing and untimed ones
+# before them; L2 flush between rounds (MiB, 0: none); device sleep before device-time rounds (µs)
+OPTS = dict(tokens=[8192, 1024], width=4096, vocab=32000, block=64, rounds=200, warmup=20, flush_mib=256,
+            head_start_us=500.0)
 CASES = ("single", "stage_tp", "all_reduce", "all_reduce_graph", "before_replay", "in_graph")
 POISON = 12345.0
 
@@ -82,20 +78,6 @@ def multicast_off() -> None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=int, nargs="+", default=[8192, 1024], help="token counts (default 8192 1024)")
-    p.add_argument("--width", type=int, default=4096, help="slab width (default 4096)")
-    p.add_argument("--vocab", type=int, default=32000, help="vocabulary size (default 32000)")
-    p.add_argument("--block", type=int, default=64, help="rows per text/media block (default 64)")
-    p.add_argument("--rounds", type=int, default=200, help="timed rounds per case and timing (default 200)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed rounds before them (default 20)")
-    p.add_argument("--flush-mib", type=int, default=256, help="L2 flush between rounds, MiB (0: none)")
-    p.add_argument("--head-start-us", type=float, default=500.0, help="device sleep before device-time rounds")
-    p.add_argument("--out", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
-    return p.parse_args(argv)
 
 
 # -- inputs and steps (in each rank's process) -----------------------------------------------
@@ -312,50 +294,28 @@ def machine_info() -> dict:
     }
 
 
-def table(doc: dict) -> str:
-    m, s = doc["machine"], doc["settings"]
-    lines = [f"tensor-parallel staging: {m['gpus']} x {m['gpu']}, torch {m['torch']}, NCCL {m['nccl']}, "
-             f"bf16, width {s['width']}, vocab {s['vocab']}, half media; median us, larger rank",
-             f"{'tokens':>7}  {'case':<17}{'device':>10}{'latency':>10}{'host':>9}  note"]
-    for r in doc["rows"]:
-        note = f"{r['algbw_gbps']:.0f} GB/s" if "algbw_gbps" in r else ""
-        lines.append(f"{r['tokens']:>7}  {r['case']:<17}{r['device_us']['max']:>10.1f}"
-                     f"{r['latency_us']['max']:>10.1f}{r['host_us']['max']:>9.1f}  {note}")
-    for n, v in doc["verdict"].items():
-        ok = doc["exact"][n]
-        same = all(all(rank.values()) for rank in ok)
-        lines.append(f"{n} tokens: before_replay minus in_graph, per step: latency "
-                     f"{v['latency_us']['in_graph_saves']:+.1f} us, device {v['device_us']['in_graph_saves']:+.1f} us, "
-                     f"host {v['host_us']['in_graph_saves']:+.1f} us (positive: in_graph is faster); "
-                     f"faster step: {v['faster_step']}; both equal the single-GPU slab bit for bit: {same}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def _why_not() -> str | None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count < WORLD or not dist.is_nccl_available():
-        why = f"{count} CUDA device(s)" if count < WORLD else "no NCCL in this torch"
-        print(f"bench_tp: needs {WORLD} CUDA GPUs and NCCL; found {why}: nothing timed, nothing written.")
-        return 0
-    if min(args.tokens) < 1 or args.rounds < 10 or args.warmup < 0:
-        print("bench_tp: --tokens must be positive and --rounds at least 10", file=sys.stderr)
-        return 2
+    if count < WORLD:
+        return f"needs {WORLD} CUDA GPUs; found {count}"
+    return None if dist.is_nccl_available() else "needs NCCL"
+
+
+@pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+def test_tp(benchmark):
     multicast_off()  # before any process group exists; the children inherit it
-    opts = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_worker, args=(WORLD, folder, opts), nprocs=WORLD, join=True)
-        ranks = json.loads(Path(folder, "ranks.json").read_text())
-    doc = {"suite": "tp", "machine": machine_info(),
-           "settings": {k: v for k, v in opts.items() if k != "out"} | {"dtype": "bfloat16", "media": "half",
-                                                                        "ranks": WORLD},
-           **summarize(ranks, opts)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(table(doc))
-    print(f"bench_tp: wrote {args.out}")
-    return 0
+    result = {}
 
+    def spawn():
+        with tempfile.TemporaryDirectory() as folder:
+            mp.spawn(_worker, args=(WORLD, folder, OPTS), nprocs=WORLD, join=True)
+            ranks = json.loads(Path(folder, "ranks.json").read_text())
+        result.update(summarize(ranks, OPTS))
 
-if __name__ == "__main__":
-    sys.exit(main())
+    benchmark._timer = time.perf_counter
+    benchmark.pedantic(spawn, rounds=1, iterations=1)
+    benchmark.extra_info.update(suite="tp", metric="figures", impl="vocab-parallel staging", machine=machine_info(),
+                                settings=dict(OPTS, dtype="bfloat16", media="half", ranks=WORLD), **result)
+    differ = [(n, rank) for n, ranks in result["exact"].items() for rank, ok in enumerate(ranks)
+              if not all(ok.values())]
+    assert not differ, f"a tensor-parallel placement differs from the single-GPU slab: {differ}"

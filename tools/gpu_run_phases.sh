@@ -29,7 +29,7 @@ for phase in "$@"; do
     sanitize) run sanitize bash tools/gpu_sanitize.sh "$LOG/sanitizer" ;;  # native, memcheck (twice), racecheck
     bench_runner) run bench_runner python3 bench/run.py --results bench/results --suite graph_runner ;;
     tp) run tp_tests python3 -m pytest tests/tp/test_tp.py -q -p no:cacheprovider -rfEs -m multigpu
-        run tp_bench python3 bench/bench_tp.py ;;
+        run tp_bench python3 bench/run.py --results bench/results --suite tp ;;
     bench) run bench python3 bench/run.py --results bench/results
            run report python3 bench/report.py --results bench/results ;;
     profile) run profile python3 bench/nvtx_workload.py --steps 40 --torch-profiler "$LOG/trace.json" ;;

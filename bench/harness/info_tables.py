@@ -4,7 +4,10 @@ time (a capture in a fresh process, say), so that a row of that timing would say
 - ``metric == "capture"`` with ``bytes_all`` (bench_graph_runner.py's ``test_capture``): the ladder's capture
   cost against the largest bucket alone;
 - ``metric == "replay"`` (bench_replay.py): per case, the capture and its check; per case and size, replay
-  against eager; and where a replay step's wall time goes (its kernels against the rest).
+  against eager; and where a replay step's wall time goes (its kernels against the rest);
+- ``metric == "figures"`` (bench_prefill.py, bench_generate.py, bench_tp.py): each benchmark's scalar figures;
+- ``metric == "ab"`` (bench_encoder_cache.py): ours against its reference, medians of alternated rounds, the
+  ratio and the target.
 """
 
 from __future__ import annotations
@@ -26,7 +29,44 @@ def info_tables(data: dict) -> tuple[list[str], set[str]]:
     if replay:
         lines += replay
         covered.add("replay")
+    figures = _figures_lines([b.get("extra_info") or {} for b in data.get("benchmarks", [])
+                              if (b.get("extra_info") or {}).get("metric") == "figures"])
+    if figures:
+        lines += figures
+        covered.add("figures")
+    ab = _ab_lines([b.get("extra_info") or {} for b in data.get("benchmarks", [])
+                    if (b.get("extra_info") or {}).get("metric") == "ab"])
+    if ab:
+        lines += ab
+        covered.add("ab")
     return lines, covered
+
+
+def _figures_lines(infos: list[dict]) -> list[str]:
+    """Per benchmark, its scalar figures (a worker's or a whole comparison's, its timing being wall time)."""
+    out = []
+    for i in infos:
+        out += [f"## {i.get('impl')}", "", "| figure | value |", "| --- | ---: |"]
+        for key, value in i.items():
+            if key not in ("suite", "metric", "impl") and isinstance(value, (int, float, str, bool)):
+                out.append(f"| {key} | {round(value, 3) if isinstance(value, float) else value} |")
+        out.append("")
+    return out
+
+
+def _ab_lines(infos: list[dict]) -> list[str]:
+    """A/B comparisons (bench_encoder_cache.py): ours against its reference, rounds alternated in one loop."""
+    if not infos:
+        return []
+    out = ["## Against the reference (medians, rounds alternated; ratio: ours / reference, or how many times "
+           "faster where the target is >=)", "",
+           "| case | tokens | ours | µs | reference | µs | ratio | target | met |",
+           "| --- | ---: | --- | ---: | --- | ---: | ---: | ---: | --- |"]
+    for i in infos:
+        out.append(f"| {i.get('case')} | {i.get('tokens', '')} | {i.get('impl')} | {fmt_us(i['ours_us'])} | "
+                   f"{i.get('reference_impl')} | {fmt_us(i['reference_us'])} | {i['ratio']:.3f} | {i['target']} | "
+                   f"{'yes' if i['met'] else 'no'} |")
+    return out + [""]
 
 
 def _capture_lines(data: dict) -> list[str]:

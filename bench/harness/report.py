@@ -7,7 +7,8 @@ ceiling (:mod:`.tables`); the tables of figures a benchmark keeps in its
 ``extra_info`` (:mod:`.info_tables`); a line says on what machine. With matplotlib
 it also writes ``<suite>.png``: median time against tokens, log-log, one line per
 implementation, the copy floor (bytes / ceiling) dotted; one panel per metric and
-width (:mod:`.plots`).
+width (:mod:`.plots`); and where ``prefill.json`` and ``generate.json`` are there, ``engine.png``: the prefill
+step, time to first token and decode tokens/s against Hugging Face's.
 
 The suites put what the report needs in each benchmark's ``extra_info``: ``impl``,
 ``shape``, ``tokens``, ``width``, ``metric``, and for device time ``fraction_of_ceiling``
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from . import RESULTS_DIR
 from .info_tables import info_tables
-from .plots import plot, pyplot
+from .plots import engine_plot, plot, pyplot
 from .tables import Row, load_rows, machine_line, metric_tables
 
 __all__ = ["Row", "load_rows", "markdown", "plot", "write_reports", "main"]
@@ -75,6 +76,10 @@ def write_reports(results: Path, out: Path | None = None, *, plots: bool = True,
             png = plot(suite, data, out / f"{suite}.png", plt)
             if png is not None:
                 written.append(png)
+    if plt is not None:  # the engine figure, from the prefill and generate suites
+        png = engine_plot(results, out / "engine.png", plt)
+        if png is not None:
+            written.append(png)
     return written
 
 

@@ -22,11 +22,8 @@ from pathlib import Path
 
 from . import BENCH_DIR, RESULTS_DIR
 
-STANDALONE = {"bench_tp.py"}  # its own two-process script (python bench/bench_tp.py), not a pytest suite
-
-
 def _suites(bench: Path, names: list[str] | None) -> list[Path]:
-    found = sorted(p for p in bench.glob("bench_*.py") if p.name not in STANDALONE)
+    found = sorted(bench.glob("bench_*.py"))
     if not names:
         return found
     wanted = {n.removeprefix("bench_").removesuffix(".py") for n in names}

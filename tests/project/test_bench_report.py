@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 RESULTS = BENCH / "results"
 sys.path.insert(0, str(BENCH))  # the harness lives beside the suites, not in the package
@@ -14,8 +16,18 @@ finally:
     sys.path.remove(str(BENCH))
 
 
+CAPTURE = {"suite": "graph_runner", "impl": "capture", "metric": "capture", "buckets": 44, "capture_s": 2.788,
+           "s_per_bucket": 0.06336, "bytes_all": 243269632, "bytes_largest": 234881024, "memory_ratio": 1.0357,
+           "pool_bytes_all": 207618048, "pool_bytes_largest": 199229440, "pool_ratio": 1.0421,
+           "largest_alone_s": 0.3268}  # bench_graph_runner.py's test_capture, as it fills extra_info
+
+
+def _doc(benchmarks: list) -> dict:
+    return {"machine_info": {"slabstage": {"gpu": "NVIDIA H200"}}, "benchmarks": benchmarks}
+
+
 def test_capture_is_shown_as_seconds_a_bucket_not_as_a_subprocess_wall_time():
-    data = json.loads((RESULTS / "graph_runner.json").read_text())
+    data = _doc([{"name": "test_capture", "stats": {"median": 7.53}, "extra_info": CAPTURE}])
     text = markdown("graph_runner", data)
     info = next(b["extra_info"] for b in data["benchmarks"] if b["extra_info"].get("metric") == "capture")
     assert f"({info['s_per_bucket']:.3f} per bucket)" in text
@@ -58,12 +70,33 @@ def test_replay_suite_is_shown_per_case_and_size_not_as_a_worker_wall_time():
     assert "| qwen3_vl sdpa prefill_forward | 4080 | 17,000 µs | – | – | – | – | 16,950 µs | – |" in text
 
 
-def test_the_report_script_rewrites_the_committed_tables_from_their_json(tmp_path):
-    """``python bench/report.py`` (``make bench-report``) writes each committed ``<suite>.md`` again from its JSON."""
-    proc = subprocess.run([sys.executable, str(BENCH / "report.py"), "--results", str(RESULTS), "--out",
-                           str(tmp_path), "--no-plots", "--quiet"], capture_output=True, text=True, timeout=120)
+def test_ab_comparisons_are_shown_with_their_ratio_and_target_not_as_a_loop_wall_time():
+    info = dict(suite="encoder_cache", metric="ab", measure="host", case="run() host", impl="16 cached entries",
+                reference_impl="one media tensor", tokens=256, ours_us=36.0, reference_us=32.0, ratio=1.125,
+                target="<=1.2", met=True, rounds=400)
+    text = markdown("encoder_cache", _doc([{"name": "test_run_host[entries]", "stats": {"median": 0.5},
+                                            "extra_info": info}]))
+    assert "| test_run_host[entries] |" not in text
+    row = "| run() host | 256 | 16 cached entries | 36.0 µs | one media tensor | 32.0 µs | 1.125 | <=1.2 | yes |"
+    assert row in text
+
+
+def test_the_report_script_writes_each_suites_tables_from_their_json(tmp_path):
+    """``python bench/report.py`` (``make bench-report``) writes ``<suite>.md`` from each suite's JSON."""
+    results = tmp_path / "results"
+    results.mkdir()
+    data = _doc([{"name": "test_capture", "stats": {"median": 7.53}, "extra_info": CAPTURE}])
+    (results / "graph_runner.json").write_text(json.dumps(data))
+    proc = subprocess.run([sys.executable, str(BENCH / "report.py"), "--results", str(results), "--no-plots",
+                           "--quiet"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    suites = sorted(p.stem for p in RESULTS.glob("*.json") if (RESULTS / f"{p.stem}.md").is_file())
-    assert suites
-    for suite in suites:
-        assert (tmp_path / f"{suite}.md").read_text() == (RESULTS / f"{suite}.md").read_text(), suite
+    assert (results / "graph_runner.md").read_text() == markdown("graph_runner", data)
+
+
+def test_the_engine_figure_is_drawn_from_the_prefill_and_generate_figures(tmp_path):
+    """The README's figure: ``python bench/report.py --results bench/results/engine`` draws ``engine.png``."""
+    pytest.importorskip("matplotlib")
+    proc = subprocess.run([sys.executable, str(BENCH / "report.py"), "--results", str(RESULTS / "engine"), "--out",
+                           str(tmp_path), "--quiet"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "engine.png").stat().st_size > 10_000

@@ -58,5 +58,22 @@ def test_shell_script_parses(path):
     assert proc.returncode == 0, proc.stderr
 
 
+BENCH_SHARED = {"conftest.py", "peer_lightllm.py", "run.py", "report.py", "nvtx_workload.py"}  # code for the
+# suites, their runner and report, the profiling entry point
+
+
+def test_bench_holds_suites():
+    """Every other file of bench/ is a pytest-benchmark suite ``bench_<name>.py``: tests, and no results of its
+    own (they go to pytest-benchmark's JSON through ``python bench/run.py``)."""
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        if path.name in BENCH_SHARED:
+            continue
+        assert path.name.startswith("bench_"), f"bench/{path.name} is neither a suite nor shared code"
+        tree = ast.parse(path.read_text())
+        tests = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+        assert tests, f"bench/{path.name} has no test"
+        assert '"--out"' not in path.read_text(), f"bench/{path.name} writes results of its own"
+
+
 def test_scripts_found():
     assert len(SCRIPTS) >= 10 and SHELL and slabstage.__file__
