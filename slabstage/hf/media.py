@@ -23,7 +23,7 @@ def _tower(fam, pixel_values, grid_thw, video: bool):
     get = fam.base.get_video_features if video else fam.base.get_image_features
     # the tower computes positions from the grid beside the pixels; the row counts come from the host copy
     out = get(pixel_values, grid_thw.to(pixel_values.device), return_dict=True)
-    sizes = grid_rows(grid_thw, fam.vision_config.spatial_merge_size)
+    sizes = grid_rows(grid_thw, fam.merge)
     main = _split(out.pooler_output, sizes)
     if not fam.has_deepstack:
         return main
@@ -63,7 +63,7 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
     fam = family_of(model, "media_items")
     if not fam.is_vlm:
         raise TypeError(f"slabstage.hf.media_items: {type(model).__name__} ({fam.name}) has no vision tower")
-    merge = int(fam.vision_config.spatial_merge_size)
+    merge = fam.merge
     cache = encoder_cache
     if cache is not None:
         count = sum(0 if g is None else len(g) for g in (image_grid_thw, video_grid_thw))
