@@ -1,23 +1,12 @@
 """Vocab-parallel (tensor-parallel) staging: shard ranges, the media owner, the slab's all-reduce.
 
-Under tensor parallelism each rank holds rows ``[start, end)`` of the embedding
-table, as engines' ``VocabParallelEmbedding`` does. Every rank stages the whole
-batch with its shard (``stage_embeddings(..., vocab_range=, vocab_size=,
-media_owner=)``): a text row whose id is in the shard gets its table row, any
-other text row zeros; media rows are written by one rank, the media owner, and
-are zeros elsewhere; padding rows are zeros everywhere. Each element of the slab
-is then non-zero on at most one rank, and one sum all-reduce over the slab's
-first ``pad_to`` rows completes every row: bit for bit the single-device result,
-in bf16 as in fp32, because ``x + 0 == x`` exactly.
-
-The all-reduce runs in one of two places, never both (twice would double every row):
-
-- before replay, from the host: ``PrefillGraphRunner(forward, buffers,
-  after_stage=SlabAllReduce(buffers, group), process_group=group)``;
-- inside each captured graph: ``PrefillGraphRunner(all_reduce_in_forward(forward,
-  buffers, group), buffers, process_group=group)``.
-
-``bench/bench_tp.py`` measures both; docs/tensor_parallel.md says which to use.
+Every rank stages the whole batch with its shard of the embedding table (``stage_embeddings(..., vocab_range=,
+vocab_size=, media_owner=)``): a text row whose id is in the shard gets its table row, any other zeros; media rows
+are written by the media owner alone; padding rows are zeros everywhere. One sum all-reduce over the slab's first
+``pad_to`` rows then completes every row, bit for bit the single-device slab (``x + 0 == x``). It runs in one of
+two places, never both (twice would double every row): from the host before replay (:class:`SlabAllReduce` as the
+runner's ``after_stage``) or inside each captured graph (:func:`all_reduce_in_forward`). ``bench/bench_tp.py``
+measures both; docs/tensor_parallel.md says which to use.
 """
 
 from __future__ import annotations

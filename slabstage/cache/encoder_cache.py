@@ -1,22 +1,13 @@
-"""EncoderCache: encoder outputs kept in the slab's format, staged by handle.
+"""EncoderCache: encoder outputs kept in the slab's format, staged by handle (docs/encoder_cache.md).
 
-One device arena of rows at the slab's width and dtype holds every cached item: an item's DeepStack column
-blocks side by side (block 0 the embeddings, block ``i`` level ``i - 1``), zeros past its last block. An entry
-is a run of arena rows, found by the caller's key (``bytes``, ``str`` or ``int``, compared whole). A
-:class:`PrefillBatch`'s ``media`` may be a list of :class:`Entry` handles (or parts of them, for chunked
-prefill): the staging kernel reads their rows where they lie, and the host turns each handle into the few
-integers of an item in the parameter block (no tensor is inspected).
-
-Budgets: the device arena holds ``device_budget_bytes // row_bytes`` rows, an optional pinned host tier
-``host_budget_bytes // row_bytes`` more. Least-recently-used entries are evicted when a new one needs room;
-with a host tier, an entry evicted from the device moves there (one device-to-host copy, queued) and is
-staged from pinned host memory where it is (the kernel reads it through its device-mapped address); an
-entry evicted from the host tier is gone. Every eviction or overwrite bumps the entry's generation: a handle
-taken before is refused with a clear error, never read. Rows that queued work still reads (a staging launch or
-a replayed graph records an event on them) are reused only after that work completes; a host so far ahead of
-the device that no free rows are done waits for the oldest reader, as the parameter ring does.
-
-Writes into the cache (``put``, ``reserve``'s view, demotion copies) are queued on the current stream; a cache
+One device arena of rows at the slab's width and dtype holds every cached item, its DeepStack column blocks side
+by side, zeros past its last block; an entry is a run of arena rows found by the caller's key (``bytes``, ``str``
+or ``int``, compared whole). A :class:`PrefillBatch`'s ``media`` may list :class:`Entry` handles (or parts of
+them): the kernel reads their rows where they lie, and the host reads no tensor. Least-recently-used entries are
+evicted when a new one needs room, to an optional pinned host tier (staged from there, through its device-mapped
+address) and then out. Every eviction or overwrite bumps the entry's generation: an older handle is refused, never
+read. Rows that queued work still reads are reused only after that work completes (a host far ahead waits for the
+oldest reader). Writes (``put``, ``reserve``'s view, demotion copies) are queued on the current stream; a cache
 belongs to one device and stages only into slabs on it.
 """
 

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -114,39 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet:
             print(line, flush=True)
 
-    log = logging.getLogger("slabstage")  # the runner's capture (or eager) line, shown inline
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("log: %(message)s"))
-    saved = log.level, log.propagate
-    log.setLevel(logging.ERROR if args.quiet else logging.INFO)
-    log.addHandler(handler)
-    log.propagate = False
     started = time.perf_counter()
     print(f"slabstage demo: {', '.join(variants)} on {device} ({str(dtype).removeprefix('torch.')}), "
           f"slab capacity {capacity} tokens, {steps} batches per variant, seed {args.seed}")
     print(f"staging: {kernel_path(device)}")
-    if cuda:
-        buckets = buckets_for(capacity)
-        say(f"graphs: {len(buckets)} buckets ({buckets[0]}..{buckets[-1]} tokens); a batch above {buckets[-1]} "
-            f"tokens, or whose bucket exceeds {args.max_padding_ratio}x its size, runs eagerly. "
-            "Times: device us from CUDA events (stage; run = graph replay or eager forward; ref = eager "
-            "forward over the plain-torch merge)")
-    else:
-        print("graphs: none, CUDA graphs need a GPU: the runner runs every batch eagerly on the staged buffers; "
-              "no times shown (CPU times say nothing of the GPU path)")
-    say("batches: up to 4 packed sequences, at most one image each; media reach the runner as a list of items, "
-        "one encoder output per image, as an engine passes them (columns images, media: their count and rows)")
-    say("checks per batch, bit for bit: slab = staged rows vs a plain-torch merge (table rows by id, media rows "
-        "at their placeholders, zero padding); output = the runner's vs an eager forward over that merge")
-    results = []
-    try:
-        with torch.no_grad():
-            for variant in variants:
-                results.append(run_variant(variant, args, device, dtype, capacity, steps, say))
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
+    _say_what_runs(cuda, capacity, args.max_padding_ratio, say)
+    with _log_inline(args.quiet), torch.no_grad():
+        results = [run_variant(variant, args, device, dtype, capacity, steps, say) for variant in variants]
     print()
     for r in results:
         print(summary(r, cuda))
@@ -159,3 +134,39 @@ def main(argv: list[str] | None = None) -> int:
     print(f"demo: OK: all {total} batches match the plain-torch merge and its eager forward, bit for bit "
           f"({elapsed:.1f} s)")
     return 0
+
+
+def _say_what_runs(cuda: bool, capacity: int, ratio: float, say) -> None:
+    """The graphs (or why there are none), the batches and the checks, a line each."""
+    if cuda:
+        buckets = buckets_for(capacity)
+        say(f"graphs: {len(buckets)} buckets ({buckets[0]}..{buckets[-1]} tokens); a batch above {buckets[-1]} "
+            f"tokens, or whose bucket exceeds {ratio}x its size, runs eagerly. "
+            "Times: device us from CUDA events (stage; run = graph replay or eager forward; ref = eager "
+            "forward over the plain-torch merge)")
+    else:
+        print("graphs: none, CUDA graphs need a GPU: the runner runs every batch eagerly on the staged buffers; "
+              "no times shown (CPU times say nothing of the GPU path)")
+    say("batches: up to 4 packed sequences, at most one image each; media reach the runner as a list of items, "
+        "one encoder output per image, as an engine passes them (columns images, media: their count and rows)")
+    say("checks per batch, bit for bit: slab = staged rows vs a plain-torch merge (table rows by id, media rows "
+        "at their placeholders, zero padding); output = the runner's vs an eager forward over that merge")
+
+
+@contextmanager
+def _log_inline(quiet: bool):
+    """slabstage's log (the runner's capture or eager line) printed inline as ``log: ...`` while inside; errors
+    alone when ``quiet``."""
+    log = logging.getLogger("slabstage")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("log: %(message)s"))
+    saved = log.level, log.propagate
+    log.setLevel(logging.ERROR if quiet else logging.INFO)
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]

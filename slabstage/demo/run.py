@@ -57,10 +57,6 @@ def outputs_match(out: torch.Tensor, ref: torch.Tensor) -> bool:
     return torch.equal(out, ref)
 
 
-def slabs_match(staged: torch.Tensor, ref: torch.Tensor) -> bool:
-    return torch.equal(staged, ref)
-
-
 def _errors_clean(errors: torch.Tensor) -> bool:
     try:
         raise_if_errors(errors)
@@ -69,18 +65,15 @@ def _errors_clean(errors: torch.Tensor) -> bool:
     return True
 
 
-class _Clock:
-    """CUDA events on the device timeline."""
+def _mark() -> torch.cuda.Event:
+    """A CUDA event recorded now, on the device timeline."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
-    @staticmethod
-    def mark() -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
 
-    @staticmethod
-    def micros(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        return start.elapsed_time(end) * 1e3
+def _micros(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+    return start.elapsed_time(end) * 1e3
 
 
 @dataclass
@@ -113,22 +106,9 @@ def run_variant(variant: str, args, device: torch.device, dtype: torch.dtype, ca
     """
     cuda = device.type == "cuda"
     model = ToyMultimodalModel(variant, seed=args.seed, device=device, dtype=dtype)
-    declared = getattr(model, "input_embeds_hidden_size", None)
-    source = f"declares input_embeds_hidden_size={declared}" if declared else "the config hidden size"
-    say(f"\n== {variant}: hidden {model.hidden_size}, slab width {model.embed_width} ({source}), "
-        f"media rows {model.media_width} wide, expand={model.expand!r}")
-    buffers = StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=MAX_BATCH_SIZE,
-                                      embed_width=model.embed_width, embed_dtype=dtype, device=device)
     buckets = buckets_for(capacity)
-    marks: list = []
-    runner = PrefillGraphRunner(model, buffers, buckets=buckets, max_padding_ratio=args.max_padding_ratio,
-                                after_stage=(lambda pad_to: marks.append(_Clock.mark())) if cuda else None,
-                                progress=not args.quiet)
-    runner.capture()
-    if runner.captured:
-        say(f"capture: {len(buckets)} graphs ({buckets[0]}..{buckets[-1]} tokens) in "
-            f"{runner.capture_seconds:.2f} s, {runner.capture_bytes / 2**20:.1f} MiB")
-
+    marks: list = []  # on CUDA, the event recorded when staging ends (after_stage)
+    runner = _runner(model, args, capacity, buckets, marks if cuda else None, say)
     g = torch.Generator().manual_seed(args.seed + VARIANTS.index(variant))
     rng = random.Random(args.seed * 1000 + VARIANTS.index(variant))
     if runner.captured:
@@ -145,37 +125,62 @@ def run_variant(variant: str, args, device: torch.device, dtype: torch.dtype, ca
     say(_header(cuda))
     result = Result(variant)
     for i, (kind, n) in enumerate(sizes):
-        batch = batch_for(n)
-        images = batch.media or []
-        marks.clear()
-        start = _Clock.mark() if cuda else None
-        out = runner.run(batch, clone=True)
-        end = _Clock.mark() if cuda else None
-        bucket = runner.last_bucket
-        pad_to = bucket or n
-        ref_views = reference_merge(model, batch, pad_to)
-        ref_start = _Clock.mark() if cuda else None
-        ref = model(ref_views)[:n]
-        ref_end = _Clock.mark() if cuda else None
-        slab_ok = slabs_match(buffers.input_embeds[:pad_to], ref_views["input_embeds"])
-        slab_ok = _errors_clean(buffers.errors) and slab_ok
-        out_ok = outputs_match(out, ref)
-        result.batches += 1
-        result.failed += not (slab_ok and out_ok)
-        row = (f"{i:>3} {n:>6} {batch.seq_lens.shape[0]:>4} {len(images):>6} "
-               f"{sum(item.shape[0] for item in images):>5}  ")
-        if cuda:
-            torch.cuda.synchronize(device)
-            stage_us, run_us = _Clock.micros(start, marks[0]), _Clock.micros(marks[0], end)
-            ref_us = _Clock.micros(ref_start, ref_end)
-            if bucket is not None:
-                result.replayed += 1
-                result.replay_us.append(run_us)
-                result.eager_us.append(ref_us)
-            ran_as = f"graph {bucket}" if bucket is not None else "eager"
-            row += f"{kind:<9} {ran_as:<10} {stage_us:>9.1f} {run_us:>9.1f} {ref_us:>9.1f}  "
-        say(row + f"{'yes' if slab_ok else 'NO':<4}  {'yes' if out_ok else 'NO'}")
+        say(f"{i:>3} " + _check_batch(model, runner, batch_for(n), kind, marks if cuda else None, result))
     return result
+
+
+def _runner(model, args, capacity: int, buckets: list, marks: list | None, say) -> PrefillGraphRunner:
+    """The captured runner of ``model`` over a slab of ``capacity`` tokens; ``marks`` (CUDA) gets an event when
+    staging ends. Says the layout and what the capture took."""
+    declared = getattr(model, "input_embeds_hidden_size", None)
+    source = f"declares input_embeds_hidden_size={declared}" if declared else "the config hidden size"
+    say(f"\n== {model.variant}: hidden {model.hidden_size}, slab width {model.embed_width} ({source}), "
+        f"media rows {model.media_width} wide, expand={model.expand!r}")
+    buffers = StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=MAX_BATCH_SIZE,
+                                      embed_width=model.embed_width, embed_dtype=model.dtype, device=model.device)
+    runner = PrefillGraphRunner(model, buffers, buckets=buckets, max_padding_ratio=args.max_padding_ratio,
+                                after_stage=None if marks is None else (lambda pad_to: marks.append(_mark())),
+                                progress=not args.quiet)
+    runner.capture()
+    if runner.captured:
+        say(f"capture: {len(buckets)} graphs ({buckets[0]}..{buckets[-1]} tokens) in "
+            f"{runner.capture_seconds:.2f} s, {runner.capture_bytes / 2**20:.1f} MiB")
+    return runner
+
+
+def _check_batch(model, runner: PrefillGraphRunner, batch: PrefillBatch, kind, marks: list | None,
+                 result: Result) -> str:
+    """Run ``batch`` and check its slab, error word and output against the plain-torch merge and an eager
+    forward over it; count it in ``result`` and return its report line (times on CUDA, where ``marks`` is)."""
+    n, images, cuda = batch.num_tokens, batch.media or [], marks is not None
+    if cuda:
+        marks.clear()
+    start = _mark() if cuda else None
+    out = runner.run(batch, clone=True)
+    end = _mark() if cuda else None
+    bucket = runner.last_bucket
+    pad_to = bucket or n
+    ref_views = reference_merge(model, batch, pad_to)
+    ref_start = _mark() if cuda else None
+    ref = model(ref_views)[:n]
+    ref_end = _mark() if cuda else None
+    slab_ok = torch.equal(runner.buffers.input_embeds[:pad_to], ref_views["input_embeds"])
+    slab_ok = _errors_clean(runner.buffers.errors) and slab_ok
+    out_ok = outputs_match(out, ref)
+    result.batches += 1
+    result.failed += not (slab_ok and out_ok)
+    row = f"{n:>6} {batch.seq_lens.shape[0]:>4} {len(images):>6} {sum(item.shape[0] for item in images):>5}  "
+    if cuda:
+        torch.cuda.synchronize(runner.buffers.device)
+        stage_us, run_us = _micros(start, marks[0]), _micros(marks[0], end)
+        ref_us = _micros(ref_start, ref_end)
+        if bucket is not None:
+            result.replayed += 1
+            result.replay_us.append(run_us)
+            result.eager_us.append(ref_us)
+        ran_as = f"graph {bucket}" if bucket is not None else "eager"
+        row += f"{kind:<9} {ran_as:<10} {stage_us:>9.1f} {run_us:>9.1f} {ref_us:>9.1f}  "
+    return row + f"{'yes' if slab_ok else 'NO':<4}  {'yes' if out_ok else 'NO'}"
 
 
 def summary(r: Result, cuda: bool) -> str:

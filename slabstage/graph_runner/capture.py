@@ -52,14 +52,15 @@ class Captured:
     bytes: int
 
 
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is optional (extra "progress")
-        return None
-    return tqdm(total=total, desc="slabstage capture", unit="graph", leave=False)
+def _progress(buckets: list, enabled: bool):
+    """``buckets``, behind a progress bar when ``enabled`` and tqdm (extra "progress") is installed."""
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return buckets
+        return tqdm(buckets, desc="slabstage capture", unit="graph", leave=False)
+    return buckets
 
 
 def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
@@ -94,55 +95,49 @@ def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buc
     (at info on rank 0, ``rank0``) and each bucket the check dropped (a warning on rank 0).
     """
     device = buffers.device
-    registry = buffers.registry
     stager = Stager.for_buffers(buffers, embed=True)
     torch.cuda.synchronize(device)
-    kept = {name: registry[name].to("cpu", copy=True) for name in registry}  # put back after
+    kept = {name: buffers.registry[name].to("cpu", copy=True) for name in buffers.registry}  # put back after
     torch.cuda.empty_cache()  # what the caching allocator holds unused would blur the memory measure
-    reserved0 = torch.cuda.memory_reserved(device)
-    start = time.perf_counter()
-    graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
-    bar = _progress(len(buckets), progress)
+    reserved0, start = torch.cuda.memory_reserved(device), time.perf_counter()
+    graphs, checks, dropped = {}, {}, {}
     stream = capture_stream(device, "runner")
     stream.wait_stream(torch.cuda.current_stream(device))
     bucket = None
-    checks, dropped = {}, {}
     try:
         with torch.cuda.stream(stream), nvtx_range("slabstage.capture"):
-            for bucket in buckets:
+            for bucket in _progress(buckets, progress):
                 graph, out, probe, eager_out, eager_us = _capture_one(forward, buffers, stager, bucket, pool, static,
                                                                       verify, after_stage)
                 pool = graph.pool() if pool is None else pool
+                static = out if static is None else static  # every smaller graph copies its rows into these
                 graphs[bucket] = (graph, out)
-                if static is None:  # every smaller graph copies its rows into these
-                    static = out
-                if verify != "off":
-                    checks[bucket] = _check_one(stager, bucket, graph, out, probe, eager_out, eager_us, after_stage)
-                    why = checks[bucket]["dropped"]
-                    if why is not None:
-                        if verify == "strict":
-                            raise CaptureError(f"the {bucket}-token bucket's replay {DROPPED_WORDS[why]} the eager "
-                                               f"forward ({checks[bucket]['detail']})")
-                        dropped[bucket] = why
-                if bar is not None:
-                    bar.update(1)
+                if verify == "off":
+                    continue
+                check = checks[bucket] = _check_one(stager, bucket, graph, out, probe, eager_out, eager_us,
+                                                    after_stage)
+                if check["dropped"] is not None:
+                    if verify == "strict":
+                        raise CaptureError(f"the {bucket}-token bucket's replay {DROPPED_WORDS[check['dropped']]} "
+                                           f"the eager forward ({check['detail']})")
+                    dropped[bucket] = check["dropped"]
     except Exception as e:
         graphs.clear()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        torch.cuda.synchronize(device)
-        _restore(buffers, kept)
+        _rejoin(buffers, stream, kept)
         if isinstance(e, CaptureError):
             raise
         raise CaptureError(f"forward raised while capturing the {bucket}-token bucket: {e!r}; "
                            f"no graph was kept, capture() can be called again") from e
-    finally:
-        if bar is not None:
-            bar.close()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    torch.cuda.synchronize(device)
-    _restore(buffers, kept)
+    _rejoin(buffers, stream, kept)
     torch.cuda.empty_cache()  # warm-up blocks go back; what stays reserved is the graphs' pool
     seconds, grown = time.perf_counter() - start, torch.cuda.memory_reserved(device) - reserved0
+    _log_capture(graphs, checks, dropped, seconds, grown, rank0)
+    return Captured(graphs=graphs, checks=checks, dropped=dropped, pool=pool, stager=stager, seconds=seconds,
+                    bytes=grown)
+
+
+def _log_capture(graphs: dict, checks: dict, dropped: dict, seconds: float, grown: int, rank0: bool) -> None:
+    """The capture at info, each bucket the check dropped as a warning (on rank 0; at debug elsewhere)."""
     (log.info if rank0 else log.debug)(
         "slabstage: captured %d prefill graphs (%d..%d tokens) in %.2f s (%.3f s a bucket), %.1f MiB of GPU "
         "memory", len(graphs), min(graphs), max(graphs), seconds, seconds / len(graphs), grown / 2**20)
@@ -150,8 +145,6 @@ def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buc
         (log.warning if rank0 else log.debug)(
             "slabstage: the %d-token bucket runs eagerly: its replay %s the eager forward (%s)", b,
             DROPPED_WORDS[why], checks[b]["detail"])
-    return Captured(graphs=graphs, checks=checks, dropped=dropped, pool=pool, stager=stager, seconds=seconds,
-                    bytes=grown)
 
 
 def _capture_one(forward, buffers: StagingBuffers, stager: Stager, bucket: int, pool, static, verify: str,
@@ -198,11 +191,10 @@ def _check_one(stager: Stager, bucket: int, graph, out, probe, eager_out, eager_
         checked = stager.prepare(probe, bucket)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        if after_stage is not None:
-            stager.launch(checked, bucket)
         if after_stage is None:
             stager.replay(graph)
         else:
+            stager.launch(checked, bucket)
             graph.replay()
         end.record()
         end.synchronize()
@@ -218,7 +210,10 @@ def _check_one(stager: Stager, bucket: int, graph, out, probe, eager_out, eager_
                 detail=detail)
 
 
-def _restore(buffers: StagingBuffers, kept: dict) -> None:
+def _rejoin(buffers: StagingBuffers, stream, kept: dict) -> None:
+    """The current stream waits for the capture stream's work, and every buffer gets back what it held."""
+    torch.cuda.current_stream(buffers.device).wait_stream(stream)
+    torch.cuda.synchronize(buffers.device)
     for name, t in kept.items():
         buffers.registry[name].copy_(t)
 

@@ -37,9 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("the qwen3-vl demo needs transformers, an optional extra: pip install 'slabstage[hf]'")
         return 0
-    import slabstage as ss
     import slabstage.hf as sshf
-    from slabstage.hf.tiny import FAMILIES, tiny_model, tiny_prompt
+    from slabstage.hf.tiny import FAMILIES, tiny_model
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     family = args.model.replace("-", "_").replace(".", "_")
@@ -51,27 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     model = tiny_model(family, hidden=args.hidden, heads=4, intermediate=2 * args.hidden, device=device,
                        dtype=dtype, seed=args.seed)
     vlm = "vl" in family
-    width = sshf.input_embeds_width(model)
-    buffers = ss.StagingBuffers.allocate(max_num_tokens=256, max_batch_size=8, embed_width=width, embed_dtype=dtype,
-                                         device=device, mrope=vlm)
-    forward = sshf.prefill_forward(model)
-    runner = ss.PrefillGraphRunner(forward, buffers, buckets=[32, 64, 96, 128, 192, 256], progress=False)
+    runner = _runner(model, vlm, dtype, device)
     print(f"transformers {transformers.__version__}: {type(model).__name__}, hidden {args.hidden}, "
-          f"slab width {width}, {dtype} on {device}")
+          f"slab width {runner.buffers.embed_width}, {dtype} on {device}")
     runner.capture()
-
-    g = torch.Generator().manual_seed(args.seed)
-    requests, prompts = [], []
-    for grids in ([(1, 4, 6)], [(1, 4, 4), (1, 6, 4)]):
-        if vlm:
-            ids, pv, grid = tiny_prompt(model, grids, generator=g, dtype=dtype)
-            pv = pv.to(device)
-            requests.append(sshf.Request(ids, sshf.media_items(model, pixel_values=pv, image_grid_thw=grid),
-                                         image_grid_thw=grid))
-        else:
-            ids, pv, grid = torch.randint(0, 80, (17 + 11 * len(grids),), generator=g), None, None
-            requests.append(sshf.Request(ids))
-        prompts.append((ids, pv, grid))
+    requests, prompts = _requests(model, vlm, dtype, device, torch.Generator().manual_seed(args.seed))
     batch = sshf.pack_requests(model, requests)
     with torch.no_grad():
         start = time.perf_counter()
@@ -83,18 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prefill: {len(requests)} requests, {batch.num_tokens} tokens, "
               f"{0 if batch.media_index is None else int((batch.media_index >= 0).sum())} media rows, "
               f"{route}, {ms:.2f} ms")
-        tol = 1e-4 if dtype == torch.float32 else 1e-1
-        worst = 0.0
-        for k, ((ids, pv, grid), s, n) in enumerate(zip(prompts, batch.extend_start_loc.tolist(),
-                                                        batch.seq_lens.tolist())):
-            kw = dict(input_ids=ids[None].to(device), attention_mask=torch.ones_like(ids)[None].to(device))
-            if pv is not None:
-                kw.update(pixel_values=pv, image_grid_thw=grid,
-                          mm_token_type_ids=sshf.mm_token_type_ids(model, ids[None]).to(device))
-            ref = model.base_model(**kw, use_cache=False).last_hidden_state[0]
-            diff = (out[s:s + n].float() - ref.float()).abs().max().item()
-            worst = max(worst, diff)
-            print(f"  request {k}: {n} tokens, max|slabstage - HF| = {diff:.2e}")
+        worst = _worst_difference(model, out, batch, prompts, device)
+    tol = 1e-4 if dtype == torch.float32 else 1e-1
     if worst > tol:
         print(f"FAILED: differs from the HF forward by {worst:.2e} (tolerance {tol:g})")
         return 1
@@ -102,6 +75,55 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_tokens <= 0:
         return 0
     return _generate(model, family, dtype, args)
+
+
+def _runner(model, vlm: bool, dtype, device):
+    """A graph runner (not captured yet) of ``model``'s prefill forward over a 256-token slab."""
+    import slabstage as ss
+    import slabstage.hf as sshf
+
+    width = sshf.input_embeds_width(model)
+    buffers = ss.StagingBuffers.allocate(max_num_tokens=256, max_batch_size=8, embed_width=width, embed_dtype=dtype,
+                                         device=device, mrope=vlm)
+    return ss.PrefillGraphRunner(sshf.prefill_forward(model), buffers, buckets=[32, 64, 96, 128, 192, 256],
+                                 progress=False)
+
+
+def _requests(model, vlm: bool, dtype, device, g: torch.Generator) -> tuple[list, list]:
+    """Two requests (one image, then two, for a VLM) and their ``(ids, pixels, grid)`` for the HF forward."""
+    import slabstage.hf as sshf
+    from slabstage.hf.tiny import tiny_prompt
+
+    requests, prompts = [], []
+    for grids in ([(1, 4, 6)], [(1, 4, 4), (1, 6, 4)]):
+        if vlm:
+            ids, pv, grid = tiny_prompt(model, grids, generator=g, dtype=dtype)
+            pv = pv.to(device)
+            requests.append(sshf.Request(ids, sshf.media_items(model, pixel_values=pv, image_grid_thw=grid),
+                                         image_grid_thw=grid))
+        else:
+            ids, pv, grid = torch.randint(0, 80, (17 + 11 * len(grids),), generator=g), None, None
+            requests.append(sshf.Request(ids))
+        prompts.append((ids, pv, grid))
+    return requests, prompts
+
+
+def _worst_difference(model, out: torch.Tensor, batch, prompts: list, device) -> float:
+    """The largest ``|out - HF's last hidden state|`` over the requests' rows (each request's printed)."""
+    import slabstage.hf as sshf
+
+    worst = 0.0
+    for k, ((ids, pv, grid), s, n) in enumerate(zip(prompts, batch.extend_start_loc.tolist(),
+                                                    batch.seq_lens.tolist())):
+        kw = dict(input_ids=ids[None].to(device), attention_mask=torch.ones_like(ids)[None].to(device))
+        if pv is not None:
+            kw.update(pixel_values=pv, image_grid_thw=grid,
+                      mm_token_type_ids=sshf.mm_token_type_ids(model, ids[None]).to(device))
+        ref = model.base_model(**kw, use_cache=False).last_hidden_state[0]
+        diff = (out[s:s + n].float() - ref.float()).abs().max().item()
+        worst = max(worst, diff)
+        print(f"  request {k}: {n} tokens, max|slabstage - HF| = {diff:.2e}")
+    return worst
 
 
 def _generate(model, family: str, dtype, args) -> int:

@@ -20,14 +20,15 @@ import torch
 
 from ..cache.encoder_cache import EncoderCache
 from ..graph_runner.batch import PrefillBatch
+from ..graph_runner.buckets import default_token_buckets
 from ..graph_runner.runner import PrefillGraphRunner
 from ..staging.buffers import StagingBuffers
-from ._checks import as_prompt_ids, check_grid, check_pixels, check_placeholders, grid_rows, placeholder_runs
+from ._checks import as_prompt_ids, check_grid, check_pixels, grid_rows
 from ._family import family_of, transformers_version
 from .forward import prefill_forward
 from .kv_cache import KVCache
 from .media import media_items
-from .mrope import check_vlm_grids, grid_tensor, layout_of_rows, layout_rule, rope_index
+from .mrope import check_vlm_prompt, layout_rule, rope_index, rope_layout
 from .pack import Request, pack_requests
 from .width import input_embeds_width
 
@@ -73,17 +74,13 @@ def _rope_delta(fam, request: Request, ids: torch.Tensor) -> int:
     L = ids.shape[0]
     if request.mrope_positions is not None:
         return int(request.mrope_positions.max()) + 1 - L
-    where = "slabstage.hf.generate:"
-    images, videos = check_vlm_grids(fam, request.image_grid_thw, request.video_grid_thw,
-                                     request.second_per_grid_ts, where)
+    seconds = request.second_per_grid_ts
+    images, videos, runs = check_vlm_prompt(fam, ids, request.image_grid_thw, request.video_grid_thw, seconds,
+                                            "slabstage.hf.generate:")
     rule = layout_rule(transformers_version() or "0")
     if rule is None:
-        whole = rope_index(fam, ids, grid_tensor(images), grid_tensor(videos), request.second_per_grid_ts)
-        return int(whole.max()) + 1 - L
-    runs = check_placeholders(placeholder_runs(ids.numpy(), fam.placeholder_ids, [0])[0], images, videos, where,
-                              fam.merge, fam.has_deepstack)
-    layout = layout_of_rows(fam, runs, images, videos, request.second_per_grid_ts, 0, L, rule)
-    return layout.position_delta(L)
+        return int(rope_index(fam, ids, images, videos, seconds).max()) + 1 - L
+    return rope_layout(fam, runs, images, videos, seconds, 0, L, rule).position_delta(L)
 
 
 def content_keys(pixels, grid, kind: str) -> list:
@@ -178,7 +175,7 @@ class Generator:
                                                device=self.device, mrope=fam.is_vlm)
         self.cache = KVCache.allocate(model, max_running, max_context)
         forward = prefill_forward(model, cache=self.cache)
-        ladder = sorted(set(decode_buckets(max_running)) | set(buckets or _prefill_buckets(token_budget)))
+        ladder = sorted(set(decode_buckets(max_running)) | set(buckets or default_token_buckets(token_budget)))
         self.runner = PrefillGraphRunner(forward, self.buffers, buckets=[b for b in ladder if b <= capacity],
                                          enforce_eager=not graphs, **{"progress": False, **(runner_options or {})})
         if graphs and self.device.type == "cuda":
@@ -214,7 +211,7 @@ class Generator:
             return
         if req.media:
             raise ValueError(f"{where} it gives both media and pixels: give one of them")
-        merge = int(self.fam.vision_config.spatial_merge_size)
+        merge = self.fam.merge
         grids = []
         for pixels, grid, name, pixels_name in ((req.pixel_values, req.image_grid_thw, "image_grid_thw",
                                                  "pixel_values"), (req.pixel_values_videos, req.video_grid_thw,
@@ -363,11 +360,6 @@ class Generator:
                              **self.cache.batch_slots([s.row for s in seqs], where, [1] * len(seqs)))
         hidden = self.runner.run(batch)
         return list(zip(seqs, self._sample(hidden[:len(seqs)])))  # (row k: request k)
-
-
-def _prefill_buckets(budget: int) -> list[int]:
-    from ..graph_runner.buckets import default_token_buckets
-    return default_token_buckets(budget)
 
 
 def hf_generate(model, max_new_tokens: int, eos_token_id=None, **inputs) -> list[int]:

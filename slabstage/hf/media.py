@@ -23,7 +23,7 @@ def _tower(fam, pixel_values, grid_thw, video: bool):
     get = fam.base.get_video_features if video else fam.base.get_image_features
     # the tower computes positions from the grid beside the pixels; the row counts come from the host copy
     out = get(pixel_values, grid_thw.to(pixel_values.device), return_dict=True)
-    sizes = grid_rows(grid_thw, fam.vision_config.spatial_merge_size)
+    sizes = grid_rows(grid_thw, fam.merge)
     main = _split(out.pooler_output, sizes)
     if not fam.has_deepstack:
         return main
@@ -48,11 +48,10 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
       (``k`` as in :func:`input_embeds_width`); no ``torch.cat``;
     - Qwen2-VL / Qwen2.5-VL: one ``[rows, H]`` tensor.
 
-    The items go to :class:`slabstage.PrefillBatch`
-    (``media=``) or to :func:`pack_requests`. Grids are integer ``[N, 3]`` tensors, best on
-    the host (the row counts are read from them). Raises ``TypeError`` for a model without a
-    vision tower or a non-integer grid, and ``ValueError`` when pixels come without their grid
-    or do not hold one row per patch of it.
+    The items go to :class:`slabstage.PrefillBatch` (``media=``) or to :func:`pack_requests`. Grids are integer
+    ``[N, 3]`` tensors, best on the host (the row counts are read from them). Raises ``TypeError`` for a model
+    without a vision tower or a non-integer grid, and ``ValueError`` when pixels come without their grid or do
+    not hold one row per patch of it.
 
     ``encoder_cache`` (an :class:`~slabstage.cache.EncoderCache` at the slab's width) with ``keys`` (one per item, in
     the same order: the item's content hash or any ``bytes``/``str``/``int`` naming it whole): items already
@@ -64,7 +63,7 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
     fam = family_of(model, "media_items")
     if not fam.is_vlm:
         raise TypeError(f"slabstage.hf.media_items: {type(model).__name__} ({fam.name}) has no vision tower")
-    merge = int(fam.vision_config.spatial_merge_size)
+    merge = fam.merge
     cache = encoder_cache
     if cache is not None:
         count = sum(0 if g is None else len(g) for g in (image_grid_thw, video_grid_thw))
@@ -82,21 +81,29 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
         check_pixels(pixels, host, pixels_name, name, "slabstage.hf.media_items:")
         if cache is None:
             items += _tower(fam, pixels, host, video)
-            continue
-        mine, at = keys[at:at + len(host)], at + len(host)
-        sizes = grid_rows(host, merge)
-        miss = [j for j, (key, rows) in enumerate(zip(mine, sizes)) if cache.get(key, rows=rows) is None]
-        if miss:
-            if len(miss) < len(mine):  # encode the misses alone: their pixel rows, their grid rows
-                ends = list(accumulate(host.prod(-1).tolist()))
-                pixels = torch.cat([pixels[ends[j] - int(host[j].prod()):ends[j]] for j in miss])
-                host = host[miss]
-            for j, item in zip(miss, _tower(fam, pixels, host, video)):
-                cache.put(mine[j], item)
-        for key, rows in zip(mine, sizes):
-            entry = cache.get(key, rows=rows)
-            if entry is None:
-                raise ValueError(f"slabstage.hf.media_items: the cache's budget cannot hold this call's items at "
-                                 f"once (item {key!r} of {rows} rows was evicted by the next ones)")
-            items.append(entry)
+        else:
+            items += _through_cache(fam, cache, keys[at:at + len(host)], pixels, host, video, merge)
+            at += len(host)
+    return items
+
+
+def _through_cache(fam, cache, keys: list, pixels, grid, video: bool, merge: int) -> list:
+    """The cache handles of the items of ``grid`` (host) named by ``keys``: the tower runs on the pixels of the
+    items not cached alone, and puts its outputs in ``cache``."""
+    sizes = grid_rows(grid, merge)
+    miss = [j for j, (key, rows) in enumerate(zip(keys, sizes)) if cache.get(key, rows=rows) is None]
+    if miss:
+        if len(miss) < len(keys):  # encode the misses alone: their pixel rows, their grid rows
+            ends = list(accumulate(grid.prod(-1).tolist()))
+            pixels = torch.cat([pixels[ends[j] - int(grid[j].prod()):ends[j]] for j in miss])
+            grid = grid[miss]
+        for j, item in zip(miss, _tower(fam, pixels, grid, video)):
+            cache.put(keys[j], item)
+    items = []
+    for key, rows in zip(keys, sizes):
+        entry = cache.get(key, rows=rows)
+        if entry is None:
+            raise ValueError(f"slabstage.hf.media_items: the cache's budget cannot hold this call's items at "
+                             f"once (item {key!r} of {rows} rows was evicted by the next ones)")
+        items.append(entry)
     return items

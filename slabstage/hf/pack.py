@@ -147,42 +147,28 @@ def _empty(value) -> bool:
 
 def pack_requests(model, requests: Sequence[Request], *, device=None, expand: str = "zeros",
                   cache=None) -> PrefillBatch:
-    """One :class:`PrefillBatch` holding ``requests`` back to back.
+    """One :class:`PrefillBatch` holding ``requests`` back to back (see :class:`Request`).
 
-    Per request (its ``chunk``, default the whole prompt): ``input_ids``, ``positions`` (the
-    prompt's token indices), for VLMs its mrope positions, and the media rows of its placeholder
-    tokens (``media_index``: rows of the items laid end to end; only the items a chunk touches are
-    included). Also ``seq_lens`` (tokens of each request in this batch) and ``extend_start_loc``
-    (their first rows), both int32 on the host, and ``table`` (the model's embedding weights).
-    ``device``: where ``media_index`` lives (default: the host, beside the other integer inputs, so
-    that all of them travel to the device in the runner's one packed copy).
+    Per request (its ``chunk``, default the whole prompt): ``input_ids``, ``positions`` (the prompt's token
+    indices), for VLMs its mrope positions and the media rows of its placeholder tokens (``media_index``: rows of
+    the items a chunk touches, laid end to end). Also ``seq_lens`` and ``extend_start_loc``, int32 on the host,
+    and ``table`` (the model's embedding weights). ``device``: where ``media_index`` lives (default: the host,
+    beside the other integer inputs, which the runner copies to the device in one packed copy).
 
-    The mrope positions are given as one :class:`slabstage.MropeLayout` per request (where its items
-    start, their grids and temporal intervals, the chunk's offset), from which the staging launch
-    computes them on the device by the rule of the installed transformers' ``get_rope_index``
-    (which is not called; transformers >= 5.6). A request that gives its own ``mrope_positions``, or
-    an older transformers, makes them one ``[3, n]`` host tensor instead. Nothing here loops over
-    tokens in Python: the placeholders of all the prompts are found together, in a numpy compare a kind
-    and byte scans from run to run.
+    The mrope positions are one :class:`slabstage.MropeLayout` a request, computed on the device by the rule of
+    the installed transformers' ``get_rope_index`` (transformers >= 5.6); a request that gives its own
+    ``mrope_positions``, or an older transformers, makes them one ``[3, n]`` host tensor instead. ``cache``: a
+    :class:`~slabstage.hf.KVCache` the batch prefills into: ``prefix_lens`` is each chunk's start, ``req_indices``
+    each request's ``req_index``, ``out_cache_loc`` the default layout's slots of the chunk's tokens
+    (:meth:`KVCache.slots`; nothing is written). Without it, ``prefix_lens`` is 0, ``req_indices`` their places.
 
-    Every request is checked before anything is computed. Raises ``TypeError`` for a value of the
-    wrong kind (ids or grids not integer tensors, a chunk not two ints, an item not a tensor or tuple
-    of them) and ``ValueError`` for ids that are not one prompt (``[L]`` or ``[1, L]``), a chunk
-    outside its prompt, grids that disagree with the placeholders (or placeholders without a grid),
-    items out of their order or with other rows than their grid's (see :class:`Request`), media or
-    grids given to a text-only model, and a model whose rope depends on the sequence length
-    (``dynamic``, ``longrope``: the packed batch would give every request the longest one's
-    frequencies).
-
-    ``cache``: a :class:`~slabstage.hf.KVCache` the batch prefills into. Then ``prefix_lens`` is
-    each chunk's start (the tokens earlier chunks cached), ``req_indices`` each request's
-    ``req_index``, ``out_cache_loc`` the default layout's slots of the chunk's tokens
-    (:meth:`KVCache.slots`), and those slots are written into the request's ``req_to_token`` row.
-    Raises ``ValueError`` for two requests of one row, or a row or chunk outside the cache. Without
-    ``cache``, ``prefix_lens`` is 0 and ``req_indices`` each request's place.
+    Every request is checked before anything is computed. Raises ``TypeError`` for a value of the wrong kind
+    and ``ValueError`` for ids that are not one prompt (``[L]`` or ``[1, L]``), a chunk outside its prompt,
+    grids that disagree with the placeholders, items out of their order or with other rows than their grid's,
+    media or grids given to a text-only model, a rope that depends on the sequence length (``dynamic``,
+    ``longrope``), two requests of one cache row, or a row or chunk outside the cache.
     """
     fam = family_of(model, "pack_requests")
-    table = fam.language_model.embed_tokens.weight
     device = None if device is None else torch.device(device)  # (None: the host)
     if isinstance(requests, Request) or not hasattr(requests, "__iter__"):
         raise TypeError(f"slabstage.hf.pack_requests: requests must be a list of Request, got "
@@ -194,6 +180,26 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     seq_lens = [end - start for start, end in c.chunks]
     dst0 = list(accumulate(seq_lens, initial=0))  # each request's first batch row
     n = dst0.pop()
+    ids, positions = _chunk_tokens(c, dst0, n)
+    media_index, items, mrope = None, [], None
+    if fam.is_vlm:
+        mrope = _mrope_positions(fam, requests, c)
+        index, items = _take_media(c, dst0, n)
+        if items:
+            media_index = torch.from_numpy(index)
+            if device is not None and device.type != "cpu":
+                media_index = media_index.to(device)
+    prefix_lens, req_indices, cache_loc = _cache_slots(requests, c.chunks, cache)
+    return PrefillBatch(
+        input_ids=ids, positions=positions, table=fam.language_model.embed_tokens.weight, out_cache_loc=cache_loc,
+        prefix_lens=prefix_lens, req_indices=req_indices, mrope_positions=mrope, media=items or None,
+        seq_lens=torch.from_numpy(np.array(seq_lens, dtype=np.int32)), media_index=media_index, expand=expand,
+        extend_start_loc=torch.from_numpy(np.array(dst0, dtype=np.int32)))
+
+
+def _chunk_tokens(c: _Checked, dst0: list, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, positions)`` of the ``n`` batch rows: each chunk's ids and token indices, request ``k``'s
+    from row ``dst0[k]``."""
     ids = c.ids  # the prompts end to end: the batch's ids unless a chunk leaves some of them out
     if n != c.firsts[-1]:
         ids = torch.from_numpy(np.concatenate([c.values[a + start:a + end]
@@ -202,37 +208,28 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     positions = np.empty(n, dtype=np.int64)
     for row0, (start, end) in zip(dst0, c.chunks):  # (slices: the numpy calls the media index makes too)
         positions[row0:row0 + end - start] = count[start:end]
-    media_index, items, mrope = None, [], None
-    if fam.is_vlm:
-        rule = layout_rule(transformers_version() or "0")
-        hf = [req.mrope_positions is None and not layout_takes(req.second_per_grid_ts, rule) for req in requests]
-        as_tensor = c.own_mrope or any(hf)
-        mrope = []
-        for req, a, b, (start, end), images, videos, runs, by_hf in zip(requests, c.firsts, c.firsts[1:], c.chunks,
-                                                                         c.images, c.videos, c.runs, hf):
-            if req.mrope_positions is not None:
-                mrope.append(req.mrope_positions.to("cpu", torch.int64)[:, start:end])
-            elif by_hf:
-                whole = rope_index(fam, c.ids[a:b], grid_tensor(images), grid_tensor(videos), req.second_per_grid_ts)
-                mrope.append(whole[:, start:end])
-            else:
-                layout = layout_of_rows(fam, runs, images, videos, req.second_per_grid_ts, start, end, rule)
-                mrope.append(mrope_from_segments(mrope_segments(layout, end - start), end - start)
-                             if as_tensor else layout)
-        if as_tensor:
-            mrope = torch.cat(mrope, 1)
-        index, items = _take_media(c, dst0, n)
-        if items:
-            media_index = torch.from_numpy(index)
-            if device is not None and device.type != "cpu":
-                media_index = media_index.to(device)
-    prefix_lens, req_indices, cache_loc = _cache_slots(requests, c.chunks, cache)
-    return PrefillBatch(
-        input_ids=ids, positions=torch.from_numpy(positions), table=table, out_cache_loc=cache_loc,
-        prefix_lens=prefix_lens, req_indices=req_indices,
-        mrope_positions=mrope, seq_lens=torch.from_numpy(np.array(seq_lens, dtype=np.int32)),
-        extend_start_loc=torch.from_numpy(np.array(dst0, dtype=np.int32)), media=items or None,
-        media_index=media_index, expand=expand)
+    return ids, torch.from_numpy(positions)
+
+
+def _mrope_positions(fam, requests: list, c: _Checked):
+    """Each chunk's mrope positions: a list of :class:`MropeLayout`, one a request, or one ``[3, n]`` host
+    tensor when some request gives its own or the installed transformers' rule is not one a layout takes."""
+    rule = layout_rule(transformers_version() or "0")
+    hf = [req.mrope_positions is None and not layout_takes(req.second_per_grid_ts, rule) for req in requests]
+    as_tensor = c.own_mrope or any(hf)
+    mrope = []
+    for req, a, b, (start, end), images, videos, runs, by_hf in zip(requests, c.firsts, c.firsts[1:], c.chunks,
+                                                                     c.images, c.videos, c.runs, hf):
+        if req.mrope_positions is not None:
+            mrope.append(req.mrope_positions.to("cpu", torch.int64)[:, start:end])
+        elif by_hf:
+            whole = rope_index(fam, c.ids[a:b], grid_tensor(images), grid_tensor(videos), req.second_per_grid_ts)
+            mrope.append(whole[:, start:end])
+        else:
+            layout = layout_of_rows(fam, runs, images, videos, req.second_per_grid_ts, start, end, rule)
+            mrope.append(mrope_from_segments(mrope_segments(layout, end - start), end - start)
+                         if as_tensor else layout)
+    return torch.cat(mrope, 1) if as_tensor else mrope
 
 
 def _cache_slots(requests: list, chunks: list, cache) -> tuple:

@@ -3,19 +3,16 @@
 ``ToyMultimodalModel(variant)``:
 
 - ``"plain"``: the slab is ``hidden_size`` wide, the hidden state is the slab row;
-- ``"deepstack"`` (Qwen3-VL style): the encoder emits ``hidden_size * (1 + k)``
-  columns per media row; the model declares that width, reads the first
-  ``hidden_size`` columns as its input and adds column block ``i + 1`` to the
-  hidden state after layer ``i < k`` (text rows carry zeros there);
-- ``"hc"`` (hyper-connections): the residual stream is ``hc_mult`` parallel
-  copies, so the slab is ``hidden_size * hc_mult`` wide and every source row is
-  repeated across the copies (``expand="repeat"``).
+- ``"deepstack"`` (Qwen3-VL style): the encoder emits ``hidden_size * (1 + k)`` columns per media row; the model
+  declares that width, reads the first ``hidden_size`` columns as its input and adds column block ``i + 1`` to
+  the hidden state after layer ``i < k`` (text rows carry zeros there);
+- ``"hc"`` (hyper-connections): the residual stream is ``hc_mult`` parallel copies, so the slab is
+  ``hidden_size * hc_mult`` wide and every source row is repeated across the copies (``expand="repeat"``).
 
-The forward takes the runner's ``views`` dict and has static shapes and no host
-synchronisation, so :class:`slabstage.PrefillGraphRunner` can capture it.
-Attention is causal within each packed sequence; a sequence starts where its
-position is 0, so padding rows (zero embedding, position 0) after the batch are
-sequences of their own and never reach a real row.
+The forward takes the runner's ``views`` dict and has static shapes and no host synchronisation, so
+:class:`slabstage.PrefillGraphRunner` can capture it. Attention is causal within each packed sequence; a sequence
+starts where its position is 0, so padding rows (zero embedding, position 0) after the batch are sequences of
+their own and never reach a real row.
 """
 
 from __future__ import annotations
