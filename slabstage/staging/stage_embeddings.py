@@ -40,17 +40,15 @@ def stage_embeddings(slab: torch.Tensor, input_ids: torch.Tensor, table: torch.T
             ``Hm == W``, or ``Hm == Ht`` with ``expand``.
         media_index: ``[n]`` int32/int64 on the slab's device; ``-1`` (any negative) marks a text row.
         pad_to: rows to write in all, ``n <= pad_to <= rows`` (default ``n``).
-        expand: how a source narrower than ``W`` fills the row: ``"zeros"`` or
-            ``"repeat"`` (tiled; ``W`` must be a multiple of the source width).
+        expand: how a source narrower than ``W`` fills the row: ``"zeros"`` or ``"repeat"`` (tiled; ``W``
+            a multiple of the source width).
         text_scale: a finite number that float32 holds (past its range: ``ValueError``).
-        vocab_range: ``(start, end)``: the table holds vocabulary rows
-            ``start..end-1`` (vocab-parallel shard); other valid ids give zero rows.
-        vocab_size: the whole vocabulary's size, for the bad-id check (default:
-            ``end`` of ``vocab_range``, else ``len(table)``).
-        media_owner: ``False`` writes zeros at media rows (the rank that does not
-            own media under tensor parallelism).
-        errors: the device error word (:func:`new_error_word`); default: the
-            word of the slab's device.
+        vocab_range: ``(start, end)``: the table holds vocabulary rows ``start..end-1`` (vocab-parallel
+            shard); other valid ids give zero rows.
+        vocab_size: the whole vocabulary's size, for the bad-id check (default: ``end`` of ``vocab_range``,
+            else ``len(table)``).
+        media_owner: ``False`` writes zeros at media rows (a rank that does not own media under TP).
+        errors: the device error word (:func:`new_error_word`); default: the word of the slab's device.
         strict: check the error word at once and raise (synchronises; for debugging).
 
     A text id outside ``[0, vocab_size)`` or a media index past the media rows
