@@ -51,12 +51,10 @@ def stage_embeddings(slab: torch.Tensor, input_ids: torch.Tensor, table: torch.T
         errors: the device error word (:func:`new_error_word`); default: the word of the slab's device.
         strict: check the error word at once and raise (synchronises; for debugging).
 
-    A text id outside ``[0, vocab_size)`` or a media index past the media rows
-    zero-fills the row and sets the error word; nothing is read out of bounds.
-    Every argument is checked before anything is written: ``TypeError`` /
-    ``ValueError`` (``WidthContractError`` for widths). Returns ``slab``. One
-    host-to-device copy of the parameter block and one kernel launch on the
-    current stream, no host sync unless ``strict``.
+    A text id outside ``[0, vocab_size)`` or a media index past the media rows zero-fills the row and sets the
+    error word; nothing is read out of bounds. Every argument is checked before anything is written:
+    ``TypeError`` / ``ValueError`` (``WidthContractError`` for widths). Returns ``slab``. One host-to-device
+    copy of the parameter block and one kernel launch on the current stream, no host sync unless ``strict``.
     """
     if errors is None:
         errors = default_error_word(slab.device) if isinstance(slab, torch.Tensor) else None
