@@ -181,7 +181,7 @@ class Stager:
         values[H_DONE], values[H_COUNTER] = self.ring.done_addr, self._counter_addr
         dtypes, shapes = c.reads[1], c.reads[3]
         in_place, in_block = [], []
-        for at, k, kind, _, _, elem, host, _ in config.sources:
+        for at, k, kind, _, _, elem, host in config.sources:
             w = HEADER_WORDS + SOURCE_WORDS * k
             values[w + S_DTYPE] = INT_CODE[dtypes[at]]
             (in_block if host else in_place).append((at, w, elem) if host else (at, w, kind == ROWS))

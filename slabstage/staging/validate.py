@@ -84,20 +84,22 @@ class Config:
     """What one configuration fixes, checked once: what the per-batch checks and the stager's writer read.
 
     ``sources``: per integer source given that a slot takes, ``(read position, slot, kind, rows, name, element
-    bytes, whether it travels in the block, the slot's dtype when its host values must be checked)``;
+    bytes, whether it travels in the block)``; ``narrow``: ``(read position, name, the slot's dtype)`` of each
+    host source whose values the slot's narrower dtype must be checked to hold;
     ``table``, ``media``, ``index``: read positions (None: absent, or media as a list of items); ``host_ids``
     and ``host_index``: those travel in the block; ``template``: the words of a parameter block it fixes (made by the
     stager on first use).
     """
 
-    __slots__ = ("sources", "table", "media", "index", "host_ids", "host_index", "template")
+    __slots__ = ("sources", "narrow", "table", "media", "index", "host_ids", "host_index", "template")
 
     def __init__(self, dst, at: dict, devices: tuple, dtypes: tuple) -> None:
         host = dst.host
-        self.sources = tuple(
-            (at[k], k, spec.kind, spec.rows, spec.name, ELEM[dtypes[at[k]]], host and devices[at[k]] < 0,
-             dst.slots[k].dtype if devices[at[k]] < 0 and dst.bits[k] < INT_BITS[dtypes[at[k]]] else None)
-            for k, spec in enumerate(SOURCE_SLOTS) if k in at and dst.slots[k] is not None)
+        given = [(k, spec) for k, spec in enumerate(SOURCE_SLOTS) if k in at and dst.slots[k] is not None]
+        self.sources = tuple((at[k], k, spec.kind, spec.rows, spec.name, ELEM[dtypes[at[k]]],
+                              host and devices[at[k]] < 0) for k, spec in given)
+        self.narrow = tuple((at[k], spec.name, dst.slots[k].dtype) for k, spec in given
+                            if devices[at[k]] < 0 and dst.bits[k] < INT_BITS[dtypes[at[k]]])
         self.table, self.media, self.index = at.get(TABLE), at.get(MEDIA), at.get(INDEX)
         self.host_ids = host and devices[0] < 0
         self.host_index = self.index is not None and host and devices[self.index] < 0
@@ -351,9 +353,8 @@ def _named(dst: Destinations, config: Config, vals: tuple, reads: tuple, n: int,
         _explain(_items(vals[MEDIA]), dst.device, dst.slab.shape[1], reads[3][config.table][1])
     if misfit is not None:
         check_tensor(misfit[0], misfit[1], shape=misfit[2])  # names what is wrong
-    for at, _, _, _, name, _, _, narrow in config.sources:
-        if narrow is not None:
-            check_values(name, reads[0][at], narrow)
+    for at, name, narrow in config.narrow:
+        check_values(name, reads[0][at], narrow)
     if type(pad_to) is not int or not n <= pad_to <= dst.capacity:
         if pad_to is None and not any(s is not None for s in dst.slots):
             pad_to = n  # (stage_embeddings' default)
@@ -376,7 +377,7 @@ def _lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> tuple:
     place go to ``spans`` (checked against every destination)."""
     ts, _, _, shapes, strides, ptrs = reads
     b = -1
-    for at, _, kind, rows, name, elem, in_block, _ in sources:
+    for at, _, kind, rows, name, elem, in_block in sources:
         shape = shapes[at]
         if kind == REQUESTS:
             if b < 0:
