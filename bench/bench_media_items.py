@@ -221,7 +221,7 @@ def _stager(inp: MediaInputs, media_of):
 
 
 def _items_new_table(inp: MediaInputs):
-    """The items (every call writes their table into the parameter block: nothing is kept between calls)."""
+    """The items (every call writes their table into the parameter record: nothing is kept between calls)."""
     def media():
         return inp.items
     return media

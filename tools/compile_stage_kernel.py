@@ -4,7 +4,7 @@
     python tools/compile_stage_kernel.py 4096:fp32       # just that one
 
 Triton's wheel carries ptxas, so the PTX can be read where no GPU is. The kernel reads
-every source through an address from its parameter block, in two instances: one that
+every source through an address from its parameter record, in two instances: one that
 promises 16-byte alignment (taken when the host found it) and one that promises nothing.
 ``loads_v4`` counts the 16-byte loads: the promising instance of the text (scaled or not) and
 the media path must have them (``expected_v4``); if a change loses the promise, they fall back to

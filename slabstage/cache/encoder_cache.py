@@ -190,7 +190,7 @@ class EncoderCache:
 
     # -- staging ---------------------------------------------------------------------------
     def locate(self, entries) -> tuple:
-        """``(starts, fields, rows, slots)`` of handles ``entries`` for the parameter block's item list: each
+        """``(starts, fields, rows, slots)`` of handles ``entries`` for the parameter record's item list: each
         item's first media row, per item ``(address, row stride, 0, width)``, the rows in all, the entries read. Raises
         :class:`StaleEntryError` for a handle whose entry is gone, ``ValueError`` for one of another cache."""
         caches, slots, gens, firsts, rows = zip(*entries)

@@ -39,7 +39,7 @@ class Captured:
     ``graphs``: bucket -> ``(torch.cuda.CUDAGraph, its static outputs)``; ``checks``: bucket -> what the
     check measured (empty with ``verify="off"``); ``dropped``: bucket -> the reason code of a bucket the
     check dropped; ``pool``: the pool the graphs live in; ``stager``: the stager they were captured with
-    (its device parameter block is what a replay reads); ``seconds`` and ``bytes``: the capture's wall
+    (its device parameter record is what a replay reads); ``seconds`` and ``bytes``: the capture's wall
     time and the growth of the device's reserved memory over it.
     """
 

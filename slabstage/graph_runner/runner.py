@@ -1,8 +1,8 @@
 """PrefillGraphRunner: capture staging and the prefill forward per bucket, and replay them.
 
 Each bucket's graph begins with the staging launch, which reads everything a batch
-changes from the stager's device parameter block. ``run()`` is: check the batch,
-write its block into pinned memory, one host-to-device copy, one replay. Capture and
+changes from the stager's device parameter record. ``run()`` is: check the batch,
+write its parameter record into pinned memory, one host-to-device copy, one replay. Capture and
 its check are in :mod:`.capture`; where a batch runs, and the reason codes of an
 eager run, in :mod:`.routes`.
 """
@@ -307,7 +307,7 @@ class PrefillGraphRunner:
         return out
 
     def _stage(self, stager: Stager, batch: PrefillBatch, pad_to: int, launch: bool) -> None:
-        """Check ``batch`` and write its parameter block (and launch staging when ``launch``), then call
+        """Check ``batch`` and write its parameter record (and launch staging when ``launch``), then call
         ``after_stage``. Raises before anything is written."""
         for name in self._needs:  # (a slot the batch does not give keeps the last batch's values)
             if getattr(batch, name, None) is None:

@@ -135,17 +135,17 @@ def tiny_request(model, images=(), videos=(), *, text_lens=None, seconds=None, g
     g = generator or torch.Generator().manual_seed(0)
     text_lens = list(text_lens or [5] * (len(images) + len(videos) + 1))
     text = (lambda n: torch.randint(0, VISION_START - 8, (n,), generator=g))
-    block = (lambda token, rows: torch.cat([torch.tensor([VISION_START]), torch.full((rows,), token),
+    placeholders = (lambda token, rows: torch.cat([torch.tensor([VISION_START]), torch.full((rows,), token),
                                             torch.tensor([VISION_END])]))
     parts = [text(text_lens[0])]
     frames = model.config.model_type.startswith("qwen3")
     for k, (t, h, w) in enumerate(images):
-        parts += [block(IMAGE, t * h * w // MERGE ** 2), text(text_lens[k + 1])]
+        parts += [placeholders(IMAGE, t * h * w // MERGE ** 2), text(text_lens[k + 1])]
     for k, (t, h, w) in enumerate(videos):
         if frames:
-            parts += [torch.cat([text(2), block(VIDEO, h * w // MERGE ** 2)]) for _ in range(t)]
+            parts += [torch.cat([text(2), placeholders(VIDEO, h * w // MERGE ** 2)]) for _ in range(t)]
         else:
-            parts.append(block(VIDEO, t * h * w // MERGE ** 2))
+            parts.append(placeholders(VIDEO, t * h * w // MERGE ** 2))
         parts.append(text(text_lens[len(images) + k + 1]))
     ids = torch.cat(parts)
     hf = dict(input_ids=ids[None])

@@ -1,4 +1,4 @@
-"""Device code: the Triton kernels and the one layout of their parameter block.
+"""Device code: the Triton kernels and the one layout of their parameter record.
 
 The staging kernel (:mod:`~slabstage.kernels.stage_kernel`, with its row helpers
 :mod:`~slabstage.kernels.embed_rows` and :mod:`~slabstage.kernels.slot_rows`) and the fetch kernel read

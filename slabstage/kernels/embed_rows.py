@@ -33,7 +33,7 @@ if triton is not None:
     # VEC: the host found every address in 16 bytes and every row stride, width and column-block bound in whole
     # 8-element units, so the loads say so and compile to 16-byte loads. A hint must sit on a value made in
     # the function that gives it (it does not reach through an argument): the pointers are made and hinted
-    # inside the instance that promises (one per VEC value, in the two arms of a branch on the parameter block's
+    # inside the instance that promises (one per VEC value, in the two arms of a branch on the parameter record's
     # switch); the strides and widths the kernel loaded are hinted where it loads them, which the other
     # instance sees too, harmlessly: its pointers promise nothing, so its loads stay one element wide.
 
@@ -79,7 +79,8 @@ if triton is not None:
                    SOFT: tl.constexpr):
         """Slab columns ``col0 + offs`` of one media row (read only when ``on``): row ``row`` of each column
         block of its item (``fields``: the item's ``C_*`` fields, address, row stride, first and end column,
-        per column block, read whatever ``on``: they lie in the parameter block). One-element loads: no promise made."""
+        per column block, read whatever ``on``: they lie in the parameter record). One-element loads: no promise
+        made."""
         wrap = (flags & K.F_MEDIA_WRAP) != 0
         c0, cols = _source_cols(col0, offs, width, (flags & K.F_MEDIA_TILED) != 0, wrap, False)
         m = tl.zeros(offs.shape, OUT)
@@ -101,7 +102,7 @@ if triton is not None:
                       VECTORS: tl.constexpr, OUT: tl.constexpr, SOFT: tl.constexpr):
         """:func:`media_row` where the host promised whole 16-byte vectors (every address, row stride and column-block
         bound): ``[VECTORS, 8]`` values, slab columns ``col0 + 8 * g + e``. A vector of 8 columns lies in one
-        column block, so its address is found first (the fields lie in the parameter block) and the piece is read
+        column block, so its address is found first (the fields lie in the parameter record) and the piece is read
         in one load, whatever column blocks it spans: their rows are read in one round trip, not one after another."""
         g = tl.arange(0, VECTORS) * 8
         _, gcols = _source_cols(col0, g, width, (flags & K.F_MEDIA_TILED) != 0, False, True)

@@ -1,11 +1,11 @@
-"""The staging kernel's parameter block, word by word: one name per word, for the host and the kernels alike.
+"""The staging kernel's parameter record, word by word: one name per word, for the host and the kernels alike.
 
 Everything that changes from one batch to the next reaches the kernel as data in
-one parameter block of int64 words, not as launch arguments, so a captured launch serves
+one parameter record of int64 words, not as launch arguments, so a captured launch serves
 every batch. Layout (word offsets):
 
 - the header (``H_*``): the step number, where the launch reports it (the ring's
-  ``done`` word for the host, a device counter for the fetch), the parameter block's length,
+  ``done`` word for the host, a device counter for the fetch), the parameter record's length,
   ``n``, the request count, vocabulary bounds, ``text_scale`` (fp32 bits),
   switches (``F_*``), the table, the ids and ``media_index`` sources, the media
   rows, items and column blocks, where the item list starts, ``pad_to`` (the rows to write: a
@@ -18,12 +18,12 @@ every batch. Layout (word offsets):
 - the item list: each item's first media row, then per item and column block its
   fields (``C_*``: address, row stride, first column, end column);
 - host integer inputs, each 16-byte aligned (their device address is the device
-  parameter block's plus their offset).
+  parameter record's plus their offset).
 
 Dtype codes: integers ``INT32_CODE``, ``INT64_CODE`` (``NO_INPUT``: no such input); floats ``FLOAT16_CODE``,
 ``BFLOAT16_CODE``, ``FLOAT32_CODE``. A source of ``LAYOUT_CODE`` (the mrope slot's alone) is a segment list
 (``SEG_*`` words, below; built by
-:mod:`slabstage.staging.mrope`) in the parameter block: its address, then its segment count.
+:mod:`slabstage.staging.mrope`) in the parameter record: its address, then its segment count.
 
 Also here: the slot kinds (:data:`~slabstage.staging.slots.SLOTS`' ``kind``), the error word's bits and the
 mrope segment words.
@@ -70,7 +70,7 @@ SOURCE_WORDS = 3
 D_ADDR, D_DTYPE, D_STRIDE, D_FILL, D_PAD, D_KIND, D_ROWS, D_LENGTH = range(8)  # after every source
 DEST_WORDS = 8
 
-# -- the item and segment lists after the destinations: their room in every parameter block (checked with
+# -- the item and segment lists after the destinations: their room in every parameter record (checked with
 #    the batch)
 MAX_ITEM_WORDS = 1 << 14  # 1 + 4 x column blocks words a media item, 8 words a segment of mrope positions
 C_ADDR, C_STRIDE, C_FIRST_COL, C_END_COL = range(4)  # an item's column block, after the item starts
@@ -79,7 +79,7 @@ COLUMN_BLOCK_WORDS = 4
 # -- how the kernels tile a batch -----------------------------------------------------------
 TOKEN_ROWS = 128  # integer-slot rows per program
 ITEM_CHUNK = 32  # item starts read per vector load when finding a media row's item
-FETCH_CHUNK = 512  # parameter-block words a fetch program copies (4 KiB)
+FETCH_CHUNK = 512  # parameter-record words a fetch program copies (4 KiB)
 
 NO_INPUT, INT32_CODE, INT64_CODE = 0, 1, 2  # (4 bytes a code)
 INT_CODE = {torch.int32: INT32_CODE, torch.int64: INT64_CODE}

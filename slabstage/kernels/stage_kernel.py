@@ -1,11 +1,11 @@
-"""The staging kernel: a batch's embeddings and integer slots, read from one parameter block.
+"""The staging kernel: a batch's embeddings and integer slots, read from one parameter record.
 
 One ``@triton.jit`` kernel serves every staging path (the runner's graphs and its
 eager path, ``stage_embeddings``, ``stage_token_inputs``, the custom ops). Its
-runtime arguments are fixed for a set of destinations: the parameter block, the
+runtime arguments are fixed for a set of destinations: the parameter record, the
 error word, the slab. Everything a batch changes (``n``, ``pad_to``, the sources'
 addresses and dtypes, vocabulary bounds, ``text_scale``, the media items) is data
-in the parameter block (:mod:`slabstage.kernels.layout`, whose names the kernel reads
+in the parameter record (:mod:`slabstage.kernels.layout`, whose names the kernel reads
 under the same names), so a captured launch serves every
 batch. Constexprs are what the destinations fix: the slab's width and dtype, the
 columns of a row one program writes (``BLOCK``, Triton's block size), how many integer
@@ -22,7 +22,7 @@ and stores the step number into the ring's ``done`` word.
 
 A program's row is media, text or zeros (padding, a refused id or media index,
 media another rank owns): one arm runs. Sources of any dtype the host accepts are
-read through their address with the dtype the parameter block names (a uniform branch per
+read through their address with the dtype the parameter record names (a uniform branch per
 program). Where the host found every address, row stride and bound in whole 16-byte
 vectors (``F_TEXT_VEC``, ``F_MEDIA_VEC``) the loads carry that promise and compile
 to 16-byte loads; otherwise the arm walks its piece ``PIECE`` columns at a time.
@@ -68,7 +68,7 @@ if triton is not None:
         pid = tl.program_id(0)
         n = tl.load(params_ptr + K.H_N)
         pad_to = tl.load(params_ptr + K.H_PAD_TO)  # rows past it are left alone: a grid may cover more
-        if pid == 0:  # the step's parameter block has been read: the fetch and the host may move on
+        if pid == 0:  # the step's parameter record has been read: the fetch and the host may move on
             step = tl.load(params_ptr + K.H_STEP)
             tl.store(tl.load(params_ptr + K.H_COUNTER).to(tl.pointer_type(tl.int64)), step)
             tl.store(tl.load(params_ptr + K.H_DONE).to(tl.pointer_type(tl.int64)), step)
@@ -190,7 +190,7 @@ if triton is not None:
 
     @triton.jit
     def fetch_kernel(ring_ptr, counter_ptr, params_ptr, slot_words, k, CHUNK: tl.constexpr):
-        """Copy the next step's parameter block from the pinned ring into the device one: slot
+        """Copy the next step's parameter record from the pinned ring into the device one: slot
         ``(counter + 1) % k``, its first ``H_WORDS`` words; ``CHUNK`` words a program (the programs past its end copy
         nothing). The first launch of every captured graph."""
         tl.static_assert(_KEY >= 0)

@@ -24,7 +24,7 @@ class Destinations:
     """What one stager writes, checked: the slab (or None), one tensor per row of
     :data:`~slabstage.staging.slots.SLOTS` (None where the stager writes no such slot), the error word.
 
-    ``host_ok``: integer inputs may be host tensors (they travel in the parameter block).
+    ``host_ok``: integer inputs may be host tensors (they travel in the parameter record).
     ``capacity``: the most tokens every destination holds.
     """
 
@@ -74,7 +74,7 @@ class Destinations:
                 if _touch(t, u):
                     raise ValueError(overlap_message(b, a))
         self._spans([(*byte_span(t), name) for name, t in named if t.numel()])
-        self.host = host_ok and device.type == "cuda"  # host integer inputs travel in the parameter block
+        self.host = host_ok and device.type == "cuda"  # host integer inputs travel in the parameter record
         # per SOURCE_SLOTS row: the bits of the slot's dtype (0: the stager writes no such slot)
         self.bits = tuple(INT_BITS[t.dtype] if t is not None else 0 for t in self.slots[:len(SOURCE_SLOTS)])
 

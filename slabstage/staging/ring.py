@@ -1,11 +1,11 @@
-"""The pinned ring a parameter block travels through.
+"""The pinned ring a parameter record travels through.
 
 The ring: ``K`` pinned slots of one pinned buffer, step ``s`` written into slot
-``s % K``. Its parameter block reaches the stager's device copy through a copy queued before
+``s % K``. Its parameter record reaches the stager's device copy through a copy queued before
 the launch (eager paths), or through the fetch kernel that begins every captured
 graph: it reads the device counter (the last step staged) and copies slot
 ``(counter + 1) % K``. Program 0 of each staging launch stores its step into the
-counter and into the ring's ``done`` word (pinned, read by the host): the parameter block of
+counter and into the ring's ``done`` word (pinned, read by the host): the parameter record of
 step ``s`` has been read by then. The host writes step ``s`` only once
 ``done >= s - K``: no event, no host sync unless the host runs ``K`` steps ahead of
 the device.

@@ -3,7 +3,7 @@
 Every token-axis integer slot (and the per-request ones) is one row of :data:`SLOTS`.
 From it come the buffers :meth:`StagingBuffers.allocate` makes, the fields a
 :class:`~slabstage.PrefillBatch` must have, the slot descriptors of the staging
-kernel's parameter block, the PyTorch reference, the validation and the custom
+kernel's parameter record, the PyTorch reference, the validation and the custom
 op's schema, :func:`~slabstage.stage_token_inputs`' keywords, :class:`StagingBuffers`' properties,
 :class:`~slabstage.PrefillBatch`'s fields and the batch the runner captures with. Adding a slot is a row
 here, and only that (``COUNT`` slots stay last).

@@ -1,6 +1,6 @@
 """stage_embeddings: text rows gathered, media rows scattered, padding zeroed, one launch.
 
-The pinned ring and device parameter block a launch uses belong to the slab's storage (views of one slab share
+The pinned ring and device parameter record a launch uses belong to the slab's storage (views of one slab share
 them; at most 16 such sets are kept, each freed with its slab once its queued work has finished:
 :mod:`slabstage.staging.op_stagers`).
 """
@@ -54,7 +54,7 @@ def stage_embeddings(slab: torch.Tensor, input_ids: torch.Tensor, table: torch.T
     A text id outside ``[0, vocab_size)`` or a media index past the media rows zero-fills the row and sets the
     error word; nothing is read out of bounds. Every argument is checked before anything is written:
     ``TypeError`` / ``ValueError`` (``WidthContractError`` for widths). Returns ``slab``. One host-to-device
-    copy of the parameter block and one kernel launch on the current stream, no host sync unless ``strict``.
+    copy of the parameter record and one kernel launch on the current stream, no host sync unless ``strict``.
     """
     if errors is None:
         errors = default_error_word(slab.device) if isinstance(slab, torch.Tensor) else None

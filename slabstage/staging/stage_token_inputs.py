@@ -28,7 +28,7 @@ def stage_token_inputs(buffers, *, pad_to: int, **sources: torch.Tensor | None) 
     ``n``. Slots not given are left as they are.
 
     Inputs are int32/int64 tensors on the buffers' device or on the host; host
-    inputs travel to the device in the launch's parameter block (one non-blocking
+    inputs travel to the device in the launch's parameter record (one non-blocking
     copy from pinned memory). A host value its slot's dtype cannot hold is refused;
     a device one is recorded in the error word (``VALUE_OUT_OF_RANGE``). Every
     destination slot is checked. Raises ``TypeError``/``ValueError`` before anything

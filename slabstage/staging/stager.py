@@ -1,22 +1,22 @@
-"""The one staging path: check a batch, write its parameter block, launch the kernel over it.
+"""The one staging path: check a batch, write its parameter record, launch the kernel over it.
 
 A :class:`Stager` serves one set of destinations (:class:`~slabstage.staging.destinations.Destinations`):
 the runner's buffers (:meth:`Stager.for_buffers`), or those of a standalone op's call
 (:mod:`slabstage.staging.op_stagers` keeps a few, keyed by the destinations themselves). What it holds (the
-pinned ring, the device parameter block, the checked configurations) belongs to those destinations alone and is
+pinned ring, the device parameter record, the checked configurations) belongs to those destinations alone and is
 freed with it, once the device work it queued has finished. :meth:`Stager.prepare` checks a batch (nothing is
-written when that raises) and writes its parameter block into the next slot of the pinned ring
+written when that raises) and writes its parameter record into the next slot of the pinned ring
 (:meth:`Stager._write`, from a template of the words a configuration fixes). Then either :meth:`Stager.launch`
-moves it into the stager's device parameter block and queues the staging kernel, or a graph recorded by
+moves it into the stager's device parameter record and queues the staging kernel, or a graph recorded by
 :meth:`Stager.record` is replayed through :meth:`Stager.replay`: it begins with the fetch kernel, which copies the
-parameter block itself, so a replayed step costs the host no copy call. On a CPU device without Triton's
+parameter record itself, so a replayed step costs the host no copy call. On a CPU device without Triton's
 interpreter the PyTorch reference stages the checked batch instead.
 
 Ordering: a ring slot is rewritten only once the staging kernel that followed its last reader (the copy or
 the fetch, on the same stream) has reported its step in the ring's ``done`` word
 (:class:`~slabstage.staging.ring.PinnedRing`). That holds across streams because the launches of one
 stager are totally ordered: a launch or replay on a stream other than the last one's first makes its stream
-wait for the last one (:meth:`Stager._order`), so two streams never read one device parameter block at once.
+wait for the last one (:meth:`Stager._order`), so two streams never read one device parameter record at once.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def capture_stream(device: torch.device, who: str = "runner") -> torch.cuda.Stre
 
 
 def live_stagers() -> int:
-    """Stagers alive, and collected ones whose pinned ring and device parameter block still wait for device work."""
+    """Stagers alive, and collected ones whose pinned ring and device parameter record still wait for device work."""
     _sweep()
     return len(_LIVE) + len(_RETIRED)
 
@@ -92,9 +92,9 @@ def _capturing_now() -> bool:
 
 
 def _retire(held: tuple, where: list) -> None:
-    """A stager was collected: keep ``held`` (its ring, device parameter block, counter, kept ones) until the device
+    """A stager was collected: keep ``held`` (its ring, device parameter record, counter, kept ones) until the device
     work it queued on its last stream (``where[1]``) has finished; for good if a caller's graph captured one
-    of its launches (a replay reads that launch's parameter block and reports into the ring's spare words)."""
+    of its launches (a replay reads that launch's parameter record and reports into the ring's spare words)."""
     stream = where[1]
     if held[3]:
         _CAPTURED.append(held)
@@ -125,7 +125,7 @@ class Stager:
         self.program_cols, self.row_programs = self.constexprs["BLOCK"], self.constexprs["ROW_PROGRAMS"]
         self.width = 0 if slab is None else slab.shape[1]  # (the slab's width: every slab a stager serves has it)
         self._items_at = HEADER_WORDS + (SOURCE_WORDS + DEST_WORDS) * self.num_slots
-        # words of host integer inputs in a parameter block (dst.host: they travel in it): per token, and fixed
+        # words of host integer inputs in a parameter record (dst.host: they travel in it): per token, and fixed
         self._host_per_token = sum(spec.rows for spec, t in zip(SOURCE_SLOTS, dst.slots) if t is not None
                                    and spec.kind != REQUESTS) + 1 if dst.host else 0  # (+1: media_index)
         self._host_fixed = 2 * len(SLOTS) + 2 * dst.batch_cap if dst.host else 0  # requests, 16-byte alignment
@@ -140,9 +140,9 @@ class Stager:
         self._dynamic = struct.Struct(f"<{HEADER_WORDS + SOURCE_WORDS * self.num_slots}q")  # what a batch writes
         self._copies: dict = {}  # (slot, words) -> (ring view, device view)
         self.configs: dict = {}  # the configurations check_batch has passed for these destinations
-        self._kept: list = []  # (host, device) parameter blocks of launches captured in a caller's graph
-        self._now = self.params  # the device parameter block the next launch reads
-        self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared parameter block
+        self._kept: list = []  # (host, device) parameter records of launches captured in a caller's graph
+        self._now = self.params  # the device parameter record the next launch reads
+        self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared parameter record
         self._reads = None  # (EncoderCache, slots) the prepared batch's media reads, if cache entries
         self.lock = threading.Lock()
         self.dst = dst
@@ -150,7 +150,7 @@ class Stager:
         self._index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
         self._dest = self._dest_words(dst)
         at = HEADER_WORDS + SOURCE_WORDS * self.num_slots
-        for k in range(self.ring.k):  # the destinations' half of every parameter block: written once, never again
+        for k in range(self.ring.k):  # the destinations' half of every parameter record: written once, never again
             start = k * self.ring.slot_words + at
             self.ring.words[start:start + self._dest.size] = self._dest
         _LIVE.add(self)
@@ -159,11 +159,11 @@ class Stager:
             done.atexit = False  # (at exit the process frees it all)
 
     def words_for(self, tokens: int) -> int:
-        """The most words a parameter block of a batch of ``tokens`` tokens takes."""
+        """The most words a parameter record of a batch of ``tokens`` tokens takes."""
         return self._items_at + MAX_ITEM_WORDS + self._host_per_token * tokens + self._host_fixed
 
     def _dest_words(self, dst: Destinations) -> np.ndarray:
-        """The destinations' half of a parameter block: per slot its address, dtype, stride, pad value and shape."""
+        """The destinations' half of a parameter record: per slot its address, dtype, stride, pad value and shape."""
         dest = np.zeros(DEST_WORDS * self.num_slots, dtype=np.int64)
         for s, (spec, t, fill) in enumerate(zip(SLOTS[:self.num_slots], dst.slots, dst.fills)):
             if t is not None:
@@ -172,19 +172,19 @@ class Stager:
                     fill is not None, spec.kind, spec.rows, t.shape[-1])
         return dest
 
-    # -- a parameter block -----------------------------------------------------------------------
+    # -- a parameter record -----------------------------------------------------------------------
     def _template(self, config: Config, c: Checked) -> tuple:
-        """``(words, sources read in place, sources copied into the parameter block)``: the words that
+        """``(words, sources read in place, sources copied into the parameter record)``: the words that
         ``config`` fixes, and where each integer source's words go (``(read position, word, is rows)``;
         ``(read position, word, element bytes)``)."""
         values = [0] * (HEADER_WORDS + SOURCE_WORDS * self.num_slots)
         values[H_DONE], values[H_COUNTER] = self.ring.done_addr, self._counter_addr
         dtypes, shapes = c.reads[1], c.reads[3]
-        in_place, in_block = [], []
+        in_place, in_record = [], []
         for at, k, kind, _, _, elem, host in config.sources:
             w = HEADER_WORDS + SOURCE_WORDS * k
             values[w + S_DTYPE] = INT_CODE[dtypes[at]]
-            (in_block if host else in_place).append((at, w, elem) if host else (at, w, kind == ROWS))
+            (in_record if host else in_place).append((at, w, elem) if host else (at, w, kind == ROWS))
         if self.dst.slab is not None:
             width, tw = self.width, shapes[config.table][1]
             flags = F_SCALE if c.scale is not None else 0
@@ -195,7 +195,7 @@ class Stager:
             values[H_IDS_DTYPE] = INT_CODE[dtypes[0]]
             if config.index is not None:
                 values[H_INDEX_DTYPE] = INT_CODE[dtypes[config.index]]
-        config.template = values, tuple(in_place), tuple(in_block)
+        config.template = values, tuple(in_place), tuple(in_record)
         return config.template
 
     def _write(self, c: Checked, own_params: bool) -> None:
@@ -203,21 +203,21 @@ class Stager:
         item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
         seg_words = 0 if segments is None else len(segments)  # (their room was checked with the batch)
         base = self._base
-        if own_params:  # a device parameter block of its own (in the capturing graph's pool), kept with its host one
+        if own_params:  # a device parameter record of its own (in the capturing graph's pool), kept with its host one
             with torch.inference_mode(False):
                 own = torch.zeros(self.words_for(c.n), dtype=torch.int64, device=self.dst.device)
             base = own.data_ptr()
-        template, in_place, in_block = config.template or self._template(config, c)
+        template, in_place, in_record = config.template or self._template(config, c)
         values = template.copy()
         end = 8 * (self._items_at + item_words + seg_words)  # bytes: host inputs follow the item and segment lists
-        parts = []  # (byte offset in the block, address, bytes per row, rows, row stride in bytes)
+        parts = []  # (byte offset in the record, address, bytes per row, rows, row stride in bytes)
         _, dtypes, _, shapes, strides, ptrs = c.reads
         for at, w, rows in in_place:
             values[w + S_ADDR] = ptrs[at]
             if rows:
                 values[w + S_STRIDE] = strides[at][0]
-        for at, w, elem in in_block:
-            addr, stride, end = _into_block(shapes[at], strides[at], ptrs[at], elem, parts, base, end)
+        for at, w, elem in in_record:
+            addr, stride, end = _into_record(shapes[at], strides[at], ptrs[at], elem, parts, base, end)
             values[w + S_ADDR], values[w + S_STRIDE] = addr, stride
         if seg_words:  # the mrope slot's source: the segment list after the item list
             w = HEADER_WORDS + SOURCE_WORDS * LAYOUT_SLOT
@@ -229,7 +229,7 @@ class Stager:
         if own_params:
             step, at = 0, 0
             values[H_DONE], values[H_COUNTER] = self.ring.spare_done_addr, self._spare_addr
-            block, mv, start = self._own_host_block(words, own)
+            record, mv, start = self._own_host_record(words, own)
         else:
             step, at = self.ring.take()
             mv, start = self._mv, self.ring.base + 8 * at
@@ -243,19 +243,19 @@ class Stager:
             for r in range(rows):
                 memmove(start + off + r * row, addr + r * stride, row)
         if own_params:
-            own[:words].copy_(block, non_blocking=True)
+            own[:words].copy_(record, non_blocking=True)
             self._now = own
         else:
             self._now = self.params
             self._pending = (step, at, words)
 
-    def _own_host_block(self, words: int, own: torch.Tensor) -> tuple:
-        """``(block, its bytes, its address)``: a pinned host parameter block of ``words`` words, the destinations'
-        half written, kept for good with ``own``, the device block it is copied into."""
-        block = torch.zeros(words, dtype=torch.int64, device="cpu", pin_memory=True)
-        self._kept.append((block, own))
-        block.numpy()[HEADER_WORDS + SOURCE_WORDS * self.num_slots:self._items_at] = self._dest
-        return block, memoryview((c_char * (8 * words)).from_address(block.data_ptr())).cast("B"), block.data_ptr()
+    def _own_host_record(self, words: int, own: torch.Tensor) -> tuple:
+        """``(record, its bytes, its address)``: a pinned host parameter record of ``words`` words, the destinations'
+        half written, kept for good with ``own``, the device record it is copied into."""
+        record = torch.zeros(words, dtype=torch.int64, device="cpu", pin_memory=True)
+        self._kept.append((record, own))
+        record.numpy()[HEADER_WORDS + SOURCE_WORDS * self.num_slots:self._items_at] = self._dest
+        return record, memoryview((c_char * (8 * words)).from_address(record.data_ptr())).cast("B"), record.data_ptr()
 
     def _embed_header(self, values: list, c: Checked, parts: list, base: int, end: int) -> int:
         config, plan = c.config, c.media
@@ -268,13 +268,14 @@ class Stager:
         if self.num_slots:  # the embeddings read the ids where the integer half reads them
             ids_addr = values[HEADER_WORDS]
         elif config.host_ids:
-            ids_addr, _, end = _into_block(shapes[0], strides[0], ptrs[0], ELEM[dtypes[0]], parts, base, end)
+            ids_addr, _, end = _into_record(shapes[0], strides[0], ptrs[0], ELEM[dtypes[0]], parts, base, end)
         else:
             ids_addr = ptrs[0]
         i = config.index
         if i is not None:
             if config.host_index:
-                values[H_INDEX], _, end = _into_block(shapes[i], strides[i], ptrs[i], ELEM[dtypes[i]], parts, base, end)
+                values[H_INDEX], _, end = _into_record(shapes[i], strides[i], ptrs[i], ELEM[dtypes[i]], parts, base,
+                                                       end)
             else:
                 values[H_INDEX] = ptrs[i]
         values[H_VOCAB_START:H_SCALE] = c.bounds
@@ -295,9 +296,9 @@ class Stager:
 
     # -- a batch ------------------------------------------------------------------------------
     def prepare(self, src, pad_to, *, own_params: bool = False) -> Checked:
-        """Check ``src`` and write its parameter block into the ring (on the reference path: nothing but the
-        check). Raises before anything is written. ``own_params``: a parameter block of its own, kept for good (a caller
-        capturing the launch in its own graph: each replay copies it again)."""
+        """Check ``src`` and write its parameter record into the ring (on the reference path: nothing but the
+        check). Raises before anything is written. ``own_params``: a parameter record of its own, kept for good (a
+        caller capturing the launch in its own graph: each replay copies it again)."""
         c = check_batch(self.dst, src, pad_to, self.configs)
         reads = c.media.entries if c.media is not None else None
         if reads is not None and own_params:
@@ -315,7 +316,7 @@ class Stager:
             reads[0].reads.note(reads[1], stream=self._where)  # (the stream _order just found: no CUDA call)
 
     def launch(self, c: Checked, pad_to: int) -> None:
-        """Move the prepared parameter block into the device one and queue the kernel for ``pad_to`` rows; on the
+        """Move the prepared parameter record into the device one and queue the kernel for ``pad_to`` rows; on the
         reference path stage ``c`` in PyTorch."""
         if not self.triton:
             stage_reference(self.dst, c)
@@ -324,7 +325,7 @@ class Stager:
         if not grid:
             return
         step, at, words = self._pending
-        if self._now is not self.params:  # a parameter block of its own: its copy was queued with it
+        if self._now is not self.params:  # a parameter record of its own: its copy was queued with it
             self._kernel(grid, self._now)
             return
         if self.dst.device.type == "cuda":
@@ -341,7 +342,7 @@ class Stager:
         self._note_reads()
 
     def record(self, pad_to: int) -> None:
-        """Record into the graph being captured the fetch of the next prepared parameter block and the kernel over it
+        """Record into the graph being captured the fetch of the next prepared parameter record and the kernel over it
         for ``pad_to`` rows. A replay of that graph stages whatever :meth:`prepare` wrote last: replay it with
         :meth:`replay`."""
         self._fetch(-(-self.words_for(pad_to) // FETCH_CHUNK))
@@ -349,7 +350,7 @@ class Stager:
 
     def replay(self, graph) -> None:
         """Replay ``graph`` (made with :meth:`record`) on the current stream: it stages the last prepared
-        parameter block, ordered after every earlier launch of this stager."""
+        parameter record, ordered after every earlier launch of this stager."""
         self._order()
         graph.replay()
         self.ring.commit(self._pending[0])
@@ -358,7 +359,7 @@ class Stager:
     def _order(self) -> None:
         """Launches of this stager on one stream are ordered by it; a launch on another stream than the last
         one's first waits for that stream (no host sync). Not while capturing: a captured launch reads a
-        parameter block of its own."""
+        parameter record of its own."""
         where = self._where
         raw = _raw_stream(self._index)
         if raw != where[0]:
@@ -390,7 +391,7 @@ class Stager:
 
     # -- one call -------------------------------------------------------------------------------
     def stage(self, src, pad_to) -> Checked:
-        """Check and stage one batch: a launch of its own (a parameter block of its own when the current stream is
+        """Check and stage one batch: a launch of its own (a parameter record of its own when the current stream is
         capturing a graph)."""
         with self.lock:
             return self._stage(src, pad_to)
@@ -453,9 +454,9 @@ def _words(count: int) -> struct.Struct:
     return packer
 
 
-def _into_block(shape, stride, ptr: int, elem: int, parts: list, base: int, end: int) -> tuple[int, int, int]:
-    """``(device address, row stride, new end)`` of a host integer input copied into the parameter block at byte ``end``
-    (rows end to end, 16-byte aligned)."""
+def _into_record(shape, stride, ptr: int, elem: int, parts: list, base: int, end: int) -> tuple[int, int, int]:
+    """``(device address, row stride, new end)`` of a host integer input copied into the parameter record at byte
+    ``end`` (rows end to end, 16-byte aligned)."""
     at = (end + 15) & ~15
     row = shape[-1] * elem
     rows = shape[0] if len(shape) == 2 else 1

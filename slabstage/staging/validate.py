@@ -15,7 +15,7 @@ Three parts, checked in this order:
   type and value, so ``1`` is not ``True``);
 - :func:`check_batch` checks what can change from batch to batch (lengths, strides, ``pad_to``, bounds,
   ``text_scale``, the media items, the mrope layouts, storage overlap with the destinations) on every batch,
-  and returns the :class:`Checked` batch the parameter block and the reference are built from.
+  and returns the :class:`Checked` batch the parameter record and the reference are built from.
 
 Every check runs before anything is written; each error names what was wrong and what was expected.
 
@@ -84,11 +84,11 @@ class Config:
     """What one configuration fixes, checked once: what the per-batch checks and the stager's writer read.
 
     ``sources``: per integer source given that a slot takes, ``(read position, slot, kind, rows, name, element
-    bytes, whether it travels in the block)``; ``narrow``: ``(read position, name, the slot's dtype)`` of each
+    bytes, whether it travels in the record)``; ``narrow``: ``(read position, name, the slot's dtype)`` of each
     host source whose values the slot's narrower dtype must be checked to hold;
     ``table``, ``media``, ``index``: read positions (None: absent, or media as a list of items); ``host_ids``
-    and ``host_index``: those travel in the block; ``template``: the words of a parameter block it fixes (made by the
-    stager on first use).
+    and ``host_index``: those travel in the parameter record; ``template``: the words of a parameter record it
+    fixes (made by the stager on first use).
     """
 
     __slots__ = ("sources", "narrow", "table", "media", "index", "host_ids", "host_index", "template")
@@ -103,7 +103,7 @@ class Config:
         self.table, self.media, self.index = at.get(TABLE), at.get(MEDIA), at.get(INDEX)
         self.host_ids = host and devices[0] < 0
         self.host_index = self.index is not None and host and devices[self.index] < 0
-        self.template = None  # the words of a parameter block this configuration fixes (Stager._template)
+        self.template = None  # the words of a parameter record this configuration fixes (Stager._template)
 
 
 class _Form:
@@ -225,7 +225,7 @@ def check_configuration(dst: Destinations | None, vals: tuple, embed: bool) -> N
 
 # -- every batch ------------------------------------------------------------------------------------------
 class Checked(NamedTuple):
-    """A batch that passed :func:`check_batch`: what the parameter block and the reference are built from.
+    """A batch that passed :func:`check_batch`: what the parameter record and the reference are built from.
 
     ``fields``: the batch's fields in :data:`FIELDS` order (layouts taken out); ``reads``: ``(tensors,
     dtypes, device indices, shapes, strides, addresses)`` of its tensors (``config`` says which is which);
@@ -336,7 +336,7 @@ def _embeddings(dst: Destinations, config: Config, vals: tuple, reads: tuple, n:
     if i is not None:
         if shapes[i] != (n,) or (n > 1 and strides[i][0] != 1):
             return plan, ("media_index", vals[INDEX], (n,))
-        if n and not config.host_index:  # (a host index travels in the block)
+        if n and not config.host_index:  # (a host index travels in the parameter record)
             spans += ("media_index", ptrs[i], ptrs[i] + n * ELEM[dtypes[i]])
     elif plan is not None:
         raise ValueError("media was given without media_index: say which rows are media rows")
@@ -377,7 +377,7 @@ def _lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> tuple:
     place go to ``spans`` (checked against every destination)."""
     ts, _, _, shapes, strides, ptrs = reads
     b = -1
-    for at, _, kind, rows, name, elem, in_block in sources:
+    for at, _, kind, rows, name, elem, in_record in sources:
         shape = shapes[at]
         if kind == REQUESTS:
             if b < 0:
@@ -389,7 +389,7 @@ def _lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> tuple:
             want = (rows, n) if kind == ROWS else (n,)
         if shape != want or (want[-1] > 1 and strides[at][-1] != 1):
             return max(b, 0), (name, ts[at], want)
-        if spans is None or in_block:
+        if spans is None or in_record:
             continue
         elems = want[0] if kind != ROWS else ((rows - 1) * strides[at][0] + n if n else 0)
         if elems:
@@ -398,7 +398,7 @@ def _lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> tuple:
 
 
 def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
-    """The media items' and the mrope segments' lists fit the parameter block's room for them (on every path:
+    """The media items' and the mrope segments' lists fit the parameter record's room for them (on every path:
     the reference has no block, and answers as the kernel does)."""
     item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
     seg_words = 0 if segments is None else len(segments)
@@ -407,7 +407,7 @@ def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
         if seg_words:
             what += (" and " if what else "") + f"the mrope layouts make {seg_words // SEGMENT_WORDS} segments"
         raise ValueError(f"{what}: their lists take {item_words + seg_words} words, at most {MAX_ITEM_WORDS} "
-                         f"fit the parameter block")
+                         f"fit the parameter record")
 
 
 def _clear(dst: Destinations, spans: list, plan: MediaPlan | None = None) -> None:

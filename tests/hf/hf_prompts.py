@@ -19,7 +19,7 @@ def _text(n, g):
     return torch.randint(0, VISION_START - 8, (n,), generator=g)
 
 
-def _block(token, rows):
+def _placeholders(token, rows):
     return torch.cat([torch.tensor([VISION_START]), torch.full((rows,), token), torch.tensor([VISION_END])])
 
 
@@ -30,8 +30,8 @@ def _pixels(grid, g):
 def _video(family, t, rows_per_frame, g):
     """A video's placeholders: Qwen3-VL parts its frames by (text) timestamps, one run per frame."""
     if family.startswith("qwen3"):
-        return torch.cat([torch.cat([_text(2, g), _block(VIDEO, rows_per_frame)]) for _ in range(t)])
-    return _block(VIDEO, t * rows_per_frame)
+        return torch.cat([torch.cat([_text(2, g), _placeholders(VIDEO, rows_per_frame)]) for _ in range(t)])
+    return _placeholders(VIDEO, t * rows_per_frame)
 
 
 def _video_first_prompt(model, family, image_grids, seed=0):
@@ -41,7 +41,7 @@ def _video_first_prompt(model, family, image_grids, seed=0):
     vgrid, igrid = torch.tensor([[2, 4, 4]]), torch.tensor(image_grids)
     parts = [_text(3, g), _video(family, 2, 4, g), _text(2, g)]
     for t, h, w in image_grids:
-        parts += [_block(IMAGE, t * h * w // 4), _text(2, g)]
+        parts += [_placeholders(IMAGE, t * h * w // 4), _text(2, g)]
     ids = torch.cat(parts)
     pv, pvv = _pixels(igrid, g), _pixels(vgrid, g)
     images = sshf.media_items(model, pixel_values=pv, image_grid_thw=igrid)

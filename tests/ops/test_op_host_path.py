@@ -136,7 +136,7 @@ def test_custom_op_destinations_checked_again_when_a_slot_changes(path):
 
 def test_new_tensor_objects_over_the_same_slots_find_the_same_stager(path):
     """An engine that hands the token op new tensor objects over its buffers' memory each step (views made
-    again, tensors re-wrapped) gets the one stager of that memory, not a new ring and device block a call."""
+    again, tensors re-wrapped) gets the one stager of that memory, not a new ring and device record a call."""
     buf = _buffers()
     slots = [buf.registry[s.name] if s.name in buf.registry else None for s in SLOTS]
     fills = tuple(None for _ in SLOTS)

@@ -47,7 +47,7 @@ def test_two_buffers_of_one_layout_one_stream_busy_device():
     torch.cuda.synchronize()
     for round_ in range(12):
         op = ops[round_ % len(ops)]
-        where = DEV if round_ % 3 else "cpu"  # (host inputs travel in the block)
+        where = DEV if round_ % 3 else "cpu"  # (host inputs travel in the parameter record)
         n_a, n_b = 9 + round_, 40 - round_
         ia = torch.randint(1, 10**6, (n_a,), generator=g).to(where)
         ib = torch.randint(1, 10**6, (n_b,), generator=g).to(where)
@@ -127,7 +127,7 @@ def test_ops_and_runner_interleaved_on_one_set_of_buffers():
         n = 5 + 7 * step
         ids = torch.randint(0, V, (n,), generator=g)
         pos = torch.randint(0, 1000, (n,), generator=g)
-        batch = PrefillBatch(input_ids=ids.to(DEV), positions=pos, table=table)  # (host positions: in the block)
+        batch = PrefillBatch(input_ids=ids.to(DEV), positions=pos, table=table)  # (host positions: in the record)
         op_ids = torch.randint(0, V, (n + 3,), generator=g)
         op_pos = op_ids + 5
         op_ids_dev, op_pos_dev = op_ids.to(DEV), op_pos.to(DEV)  # (a pageable copy syncs: before the checked calls)
@@ -179,7 +179,7 @@ def test_slab_views_staged_then_dropped_give_memory_back():
     del base, slabs, ids, slab, i  # (the loop's names hold the last slab too)
     gc.collect()
     torch.cuda.synchronize()
-    assert stager_module.live_stagers() == live0, "stagers (pinned rings, device blocks) outlived their slabs"
+    assert stager_module.live_stagers() == live0, "stagers (pinned rings, device record) outlived their slabs"
     assert torch.cuda.memory_allocated() == mem0, "device memory was not given back"
     assert errors[0].item() == 0
 
@@ -206,7 +206,7 @@ def test_a_dropped_stager_outlives_its_queued_work():
 
 def test_an_op_captured_in_a_callers_graph_replays_after_its_stager_is_dropped():
     """stage_embeddings captured in the caller's graph; then more slabs than the ops keep stagers for push its
-    stager out: each replay still stages the captured batch (its block is kept for good)."""
+    stager out: each replay still stages the captured batch (its parameter record is kept for good)."""
     g = torch.Generator().manual_seed(5)
     table = torch.randn(40, W, generator=g).to(DEV)
     errors = new_error_word(DEV)

@@ -1,4 +1,4 @@
-"""The parameter block has room for so many media items and mrope segments (``MAX_ITEM_WORDS``): a batch past
+"""The parameter record has room for so many media items and mrope segments (``MAX_ITEM_WORDS``): a batch past
 it is refused with the same ``ValueError`` on every path (the reference has no block but answers as the kernel
 does), before anything is written."""
 
