@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from itertools import accumulate
-from typing import NamedTuple
 
 import torch
 
 from ..checks import FLOAT_DTYPES, check_int, check_tensor
+from ..entry import Entry
 from .reads import Reads
 from .rows import Rows
 
@@ -31,23 +31,6 @@ _FREE = -1
 
 class StaleEntryError(LookupError):
     """A handle to an entry that was evicted or overwritten since it was taken."""
-
-
-class Entry(NamedTuple):
-    """A handle to rows ``[first, first + rows)`` of one cache entry (what ``media`` lists). Take one from
-    :meth:`EncoderCache.put` or :meth:`EncoderCache.get`; :meth:`part` gives a row range of it (a chunk)."""
-
-    cache: "EncoderCache"
-    slot: int
-    gen: int
-    first: int
-    rows: int
-
-    def part(self, start: int, stop: int) -> "Entry":
-        """Rows ``[start, stop)`` of this handle (a chunk of an item)."""
-        if type(start) is not int or type(stop) is not int or not 0 <= start <= stop <= self.rows:
-            raise ValueError(f"Entry.part({start!r}, {stop!r}): need 0 <= start <= stop <= {self.rows} (its rows)")
-        return Entry(self.cache, self.slot, self.gen, self.first + start, stop - start)
 
 
 _KEY_TYPES = frozenset((bytes, str, int))

@@ -40,9 +40,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..cache.encoder_cache import Entry
 from ..checks import (F32_MAX, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, check_bool, check_choice, check_float32,
                       check_int, check_real, check_tensor, check_values, vocab_bounds)
+from ..entry import Entry
 from ..kernels.layout import FLOAT_BYTES, MAX_ITEM_WORDS, REQUESTS, ROWS, SEGMENT_WORDS
 from .destinations import INT_BITS, Destinations
 from .mrope import check_layouts, mrope_segments
