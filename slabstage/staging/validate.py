@@ -266,8 +266,8 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     configurations checked so far for ``dst``'s stager (kept by the caller).
 
     The batch's own rules are decided first (sizes, media, segments, room, overlap); a tensor of a refused shape
-    or stride (``misfit``) and media items a rule refuses are named at the end, through the rules that name them,
-    with the values that :mod:`slabstage.checks` converts (``pad_to``, ``text_scale``, the vocabulary bounds).
+    or stride (``misfit``) is named at the end, through the rule that names it, with the values that
+    :mod:`slabstage.checks` converts (``pad_to``, ``text_scale``, the vocabulary bounds).
     """
     embed = dst.slab is not None
     vals, layouts = fields_of(src)  # (the layouts are values: checked below, every batch)
@@ -279,7 +279,7 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
         segments = _segments(dst, layouts, n)
     if misfit is None and embed:
         plan, misfit = _embeddings(dst, config, vals, reads, n, spans)
-    if misfit is None and plan is not False:
+    if misfit is None:
         _check_room(plan, segments)
         _clear(dst, spans, plan)
     return _named(dst, config, vals, reads, n, b, pad_to, plan, segments, misfit)
@@ -318,8 +318,7 @@ def _segments(dst: Destinations, layouts, n: int) -> list | None:
 
 
 def _embeddings(dst: Destinations, config: Config, vals: tuple, reads: tuple, n: int, spans: list) -> tuple:
-    """``(plan, misfit)`` of the table, the media and ``media_index`` (``plan`` False: a rule refuses the media
-    items, :func:`_explain` names it)."""
+    """``(plan, misfit)`` of the table, the media and ``media_index``."""
     _, dtypes, _, shapes, strides, ptrs = reads
     t, m, i = config.table, config.media, config.index
     rows, tw = shapes[t]
@@ -330,9 +329,7 @@ def _embeddings(dst: Destinations, config: Config, vals: tuple, reads: tuple, n:
         if plan is None:
             return None, ("media", vals[MEDIA], (None, None))  # "... must be contiguous along its last axis"
     else:
-        plan = _media_plan(vals[MEDIA], dst.device, dst.slab.shape[1], tw, vals[EXPAND])
-        if plan is False:
-            return plan, None
+        plan = describe_media(vals[MEDIA], dst.device, dst.slab.shape[1], tw, vals[EXPAND])
     if i is not None:
         if shapes[i] != (n,) or (n > 1 and strides[i][0] != 1):
             return plan, ("media_index", vals[INDEX], (n,))
@@ -347,10 +344,8 @@ def _embeddings(dst: Destinations, config: Config, vals: tuple, reads: tuple, n:
 
 def _named(dst: Destinations, config: Config, vals: tuple, reads: tuple, n: int, b: int, pad_to, plan, segments,
            misfit) -> Checked:
-    """The end of :func:`check_batch`: what a rule refused, named; host values a narrower slot cannot hold
+    """The end of :func:`check_batch`: a refused shape or stride named; host values a narrower slot cannot hold
     refused; ``pad_to``, ``text_scale`` and the vocabulary bounds checked; the :class:`Checked` batch."""
-    if plan is False:
-        _explain(_items(vals[MEDIA]), dst.device, dst.slab.shape[1], reads[3][config.table][1])
     if misfit is not None:
         check_tensor(misfit[0], misfit[1], shape=misfit[2])  # names what is wrong
     for at, name, narrow in config.narrow:
@@ -480,17 +475,10 @@ class MediaPlan(NamedTuple):
 def describe_media(media, device: torch.device, slab_width: int, text_width: int, expand: str) -> MediaPlan | None:
     """Check ``media`` (None, or a sequence of items) and lay it out for the kernel.
 
-    Raises ``TypeError``/``ValueError`` naming the item and block that breaks a rule, and
-    :class:`WidthContractError` for widths (see :func:`check_media_width`).
+    Each rule is decided for all the items at once; only when one refuses them is the first item and block that
+    breaks it looked for, and named: ``TypeError``/``ValueError``, and :class:`WidthContractError` for widths (see
+    :func:`check_media_width`).
     """
-    plan = _media_plan(media, device, slab_width, text_width, expand)
-    if plan is False:
-        _explain(_items(media), device, slab_width, text_width)
-    return plan
-
-
-def _media_plan(media, device: torch.device, slab_width: int, text_width: int, expand: str):
-    """:func:`describe_media`'s plan, or False when a rule refuses an item (:func:`_explain` names it)."""
     if media is None:
         return None
     if type(media) not in (list, tuple):
@@ -509,8 +497,7 @@ def _media_plan(media, device: torch.device, slab_width: int, text_width: int, e
         items = _items(media)
         blocks, lens = [t for item in items for t in item], list(map(len, items))
     plan = _plan(media, blocks, lens, device, slab_width, text_width)
-    if plan is not False:
-        check_media_width("media item 0", plan.width, slab_width, text_width, expand)
+    check_media_width("media item 0", plan.width, slab_width, text_width, expand)
     return plan
 
 
@@ -546,30 +533,24 @@ def _items(media) -> tuple:
     return tuple(m if type(m) is tuple else (m,) for m in media)
 
 
-def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: int, text_width: int):
+def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: int, text_width: int) -> MediaPlan:
     """The plan of items ``media`` (``blocks``: their column blocks in order; ``lens``: each item's blocks, None
     when each is one tensor) from one read of every block, worked out a column of the batch at a time in
-    C-level loops (the host time of many new items is their reads); False when a rule refuses an item (the
-    item-by-item :func:`_explain` names it)."""
-    read = _read_blocks(blocks, device)
-    if read is None:
-        return False
-    ptrs, rs, ws, s0s, dtype = read
+    C-level loops (the host time of many new items is their reads); raises naming the first item that breaks a
+    rule."""
+    if lens is not None and 0 in lens:
+        raise ValueError(f"media item {lens.index(0)} is an empty tuple: give at least one column block")
+    ptrs, rs, ws, s0s, dtype = _read_blocks(blocks, lens, device)
     n, k = len(media), 1 if lens is None else max(lens)
-    if k > 1 or (lens is not None and 0 in lens):
-        if 0 in lens:
-            return False  # an item with no block
+    if k > 1:  # (block 0 of an item of several holds the embeddings: the text width when the slab is wider)
+        wide = text_width if slab_width > text_width else None
         if lens.count(k) != n:  # items of fewer blocks: padded with empty ones
-            padded = _pad(lens, rs, ws, s0s, ptrs, k, text_width if slab_width > text_width else None)
-            if padded is None:
-                return False
-            rs, ws, s0s, ptrs = padded
-        elif slab_width > text_width and ws[0::k].count(text_width) != n:
-            return False  # block 0 holds the embeddings
+            rs, ws, s0s, ptrs = _pad(lens, rs, ws, s0s, ptrs, k, wide, slab_width)
+        elif wide is not None and ws[0::k].count(wide) != n:
+            i = next(i for i, w in enumerate(ws[0::k]) if w != wide)
+            _refuse_block_0(i, ws[i * k], wide, slab_width)
     item_rows = rs[0::k] if k > 1 else rs
     ends = _columns(rs, ws, item_rows, n, k)
-    if ends is None:
-        return False
     width = ends[k - 1]
     if 0 in rs:
         ptrs = [p if r else 0 for p, r in zip(ptrs, rs)]
@@ -584,47 +565,89 @@ def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: in
     return MediaPlan(media, rows, width, dtype, starts, fields, k, not align, lows, highs)
 
 
-def _read_blocks(blocks, device: torch.device) -> tuple | None:
-    """``(addresses, rows, widths, row strides, dtype)`` of every block, read a column at a time; None when a
-    block is not a 2-D float tensor with contiguous rows that the kernel can read on ``device``."""
+def _read_blocks(blocks, lens: list | None, device: torch.device) -> tuple:
+    """``(addresses, rows, widths, row strides, dtype)`` of every block, read a column at a time; each block must
+    be a 2-D float tensor of item 0's dtype, with contiguous rows, that the kernel can read on ``device``: raises
+    naming the first block that is not."""
     try:  # (a contiguous block's row stride is its width: its strides are read only when it is not)
         ptrs, shapes, dense = list(map(_data_ptr, blocks)), list(map(_size, blocks)), list(map(_dense, blocks))
         dtypes, devices = set(map(_dtype, blocks)), set(map(_device, blocks))
-    except (RuntimeError, TypeError, AttributeError):  # sparse, mkldnn, nested tensors have no strides or data
-        return None
-    if len(dtypes) != 1 or set(map(len, shapes)) != {2} or next(iter(dtypes)) not in FLOAT_BYTES:
-        return None
+    except (RuntimeError, TypeError, AttributeError):  # not a tensor; sparse, mkldnn, nested ones have no data
+        for at, t in enumerate(blocks):
+            check_tensor(_block_name(lens, at), t)
+        raise  # pragma: no cover - check_tensor names whatever could not be read
+    dtype = blocks[0].dtype
+    if len(dtypes) != 1 or dtype not in FLOAT_BYTES:
+        at = next(at for at, t in enumerate(blocks) if t.dtype != dtype or dtype not in FLOAT_BYTES)
+        name = _block_name(lens, at)
+        check_tensor(name, blocks[at], dtypes=FLOAT_DTYPES)
+        raise TypeError(f"{name} is {blocks[at].dtype} but media item 0 is {dtype}: items share one dtype")
+    if set(map(len, shapes)) != {2}:
+        at = next(at for at, shape in enumerate(shapes) if len(shape) != 2)
+        check_tensor(_block_name(lens, at), blocks[at], dims=2)
     rs, ws = zip(*shapes)
     s0s = ws
     if False in dense:
         s0s, s1s = zip(*map(_stride, blocks))
-        if any(s1 != 1 and w > 1 and r for r, w, s1 in zip(rs, ws, s1s)):
-            return None  # rows must be contiguous
+        for at, (r, w, s1) in enumerate(zip(rs, ws, s1s)):
+            if s1 != 1 and w > 1 and r:  # rows must be contiguous
+                check_tensor(_block_name(lens, at), blocks[at])
     on_cuda = device.type == "cuda"
     dev = (device.index if device.index is not None else torch.cuda.current_device()) if on_cuda else -1
     if devices != {dev} or (not on_cuda and 0 in ptrs and not all(map(_is_cpu, blocks))):  # (-1 is meta too)
-        for t, r in zip(blocks, rs):  # an empty block is never read; a pinned host item is read in place
+        for at, (t, r) in enumerate(zip(blocks, rs)):  # an empty block is never read; a pinned host one in place
             if r and (t.get_device() != dev or not (on_cuda or t.is_cpu)) and not (on_cuda and t.is_cpu and
                                                                                   t.is_pinned()):
-                return None
-    return ptrs, rs, ws, s0s, dtypes.pop()
+                name = _block_name(lens, at)
+                if on_cuda and t.is_cpu:
+                    raise ValueError(f"{name} is in pageable host memory: the kernel reads host items "
+                                     f"through their device-mapped address, so pin it (tensor.pin_memory())")
+                check_tensor(name, t, device=device)
+    return ptrs, rs, ws, s0s, dtype
 
 
-def _columns(rs, ws, item_rows, n: int, k: int) -> list | None:
+def _block_name(lens: list | None, at: int) -> str:
+    """How the errors name block ``at`` of the items' blocks in order (``lens``: each item's blocks, None when
+    each is one tensor)."""
+    if lens is None:
+        return f"media item {at}"
+    for i, m in enumerate(lens):
+        if at < m:
+            return f"media item {i}" + (f" block {at}" if m > 1 else "")
+        at -= m
+    raise IndexError(at)  # pragma: no cover
+
+
+def _columns(rs, ws, item_rows, n: int, k: int) -> list:
     """Each block's end column in its item (an item's blocks side by side, from 0), the last of an item its
-    width; None when the blocks of an item differ in rows or the items in width."""
+    width; raises naming the first item whose blocks differ in rows, or whose width differs from item 0's."""
     for j in range(1, k):
-        if rs[j::k] != item_rows:
-            return None  # the blocks of an item share their rows
+        if rs[j::k] != item_rows:  # the blocks of an item share their rows
+            i, j = next((i, j) for i in range(n) for j in range(1, k) if rs[i * k + j] != item_rows[i])
+            raise ValueError(f"media item {i} block {j} has {rs[i * k + j]} rows but block 0 of media item {i} "
+                             f"has {item_rows[i]}: the column blocks of an item share their rows")
     if k == 1:
-        return ws if ws.count(ws[0]) == n else None  # items share one row width
+        if ws.count(ws[0]) != n:  # items share one row width
+            _refuse_width(ws, ws[0])
+        return ws
     if ws == ws[:k] * n:  # every item of the same blocks: their columns once
         return list(accumulate(ws[:k])) * n
     ends = list(accumulate(ws))
     width = ends[k - 1]
-    if ends[k - 1::k] != list(range(width, width * (n + 1), width)):
-        return None  # items share one row width
+    if ends[k - 1::k] != list(range(width, width * (n + 1), width)):  # items share one row width
+        _refuse_width(list(map(sub, ends[k - 1::k], [0, *ends[k - 1:-1:k]])), width)
     return [e - width * (i // k) for i, e in enumerate(ends)]
+
+
+def _refuse_width(widths: list, width: int) -> None:
+    i = next(i for i, w in enumerate(widths) if w != width)
+    raise WidthContractError(f"media item {i} is {widths[i]} wide but media item 0 is {width}: items share one "
+                             f"row width (the column blocks of an item add up to it)")
+
+
+def _refuse_block_0(i: int, width: int, text_width: int, slab_width: int) -> None:
+    raise WidthContractError(f"media item {i} block 0 is {width} wide: block 0 holds the embeddings, so it must be "
+                             f"the text width {text_width} when the slab ({slab_width}) is wider")
 
 
 def _block_spans(ptrs, rs, ws, s0s, elem: int) -> tuple[list, list]:
@@ -637,60 +660,20 @@ def _block_spans(ptrs, rs, ws, s0s, elem: int) -> tuple[list, list]:
     return ptrs, list(map(add, ptrs, map(mul, map(add, map(mul, map(sub, rs, repeat(1)), s0s), ws), repeat(elem))))
 
 
-def _pad(lens: list, rs, ws, s0s, ptrs, k: int, text_width: int | None) -> tuple | None:
+def _pad(lens: list, rs, ws, s0s, ptrs, k: int, text_width: int | None, slab_width: int) -> list:
     """Rows, widths, row strides and addresses with every item (``lens``: its blocks) padded to ``k`` blocks by
     empty ones (no address, no columns, the item's rows); with ``text_width``, block 0 of an item of several
-    must be that wide (it holds the embeddings): None when it is not."""
+    must be that wide (it holds the embeddings): raises naming the first that is not."""
     out = [], [], [], []
     at = 0
-    for m in lens:
+    for i, m in enumerate(lens):
         if text_width is not None and m > 1 and ws[at] != text_width:
-            return None
+            _refuse_block_0(i, ws[at], text_width, slab_width)
         for col, given, fill in zip(out, (rs, ws, s0s, ptrs), (rs[at], 0, 0, 0)):
             col.extend(given[at:at + m])
             col.extend([fill] * (k - m))
         at += m
     return out
-
-
-def _explain(items: tuple, device: torch.device, slab_width: int, text_width: int):
-    """Check media items one by one; raise naming the first item and block that breaks a rule."""
-    width = dtype = None
-    on_cuda = device.type == "cuda"
-    for i, item in enumerate(items):
-        if not item:
-            raise ValueError(f"media item {i} is an empty tuple: give at least one column block")
-        item_rows, cols = None, 0
-        for j, t in enumerate(item):
-            name = f"media item {i}" + (f" block {j}" if len(item) > 1 else "")
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            host = t.device.type == "cpu"  # (a host item is read in place on a GPU, an empty one never)
-            if host and on_cuda and t.numel() and not t.is_pinned():
-                raise ValueError(f"{name} is in pageable host memory: the kernel reads host items "
-                                 f"through their device-mapped address, so pin it (tensor.pin_memory())")
-            check_tensor(name, t, dtypes=FLOAT_DTYPES, device=None if host and (on_cuda or not t.numel()) else device,
-                         dims=2)
-            if dtype is None:
-                dtype = t.dtype
-            elif t.dtype != dtype:
-                raise TypeError(f"{name} is {t.dtype} but media item 0 is {dtype}: items share one dtype")
-            if item_rows is None:
-                item_rows = t.shape[0]
-            elif t.shape[0] != item_rows:
-                raise ValueError(f"{name} has {t.shape[0]} rows but block 0 of media item {i} has {item_rows}: "
-                                 f"the column blocks of an item share their rows")
-            if j == 0 and len(item) > 1 and slab_width > text_width and t.shape[1] != text_width:
-                raise WidthContractError(
-                    f"{name} is {t.shape[1]} wide: block 0 holds the embeddings, so it must be the text width "
-                    f"{text_width} when the slab ({slab_width}) is wider")
-            cols += t.shape[1]
-        if width is None:
-            width = cols
-        elif cols != width:
-            raise WidthContractError(f"media item {i} is {cols} wide but media item 0 is {width}: items share one "
-                                     f"row width (the column blocks of an item add up to it)")
-    raise AssertionError("slabstage: media items were refused but no rule names why")  # pragma: no cover
 
 
 # -- the width contract of what is written into the slab --------------------------------------------------
