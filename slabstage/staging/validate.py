@@ -265,9 +265,10 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     the default in :data:`DEFAULTS`) against ``dst``; raise before anything is written. ``configs``: the
     configurations checked so far for ``dst``'s stager (kept by the caller).
 
-    The batch's own rules are decided first (sizes, media, segments, room, overlap); a tensor of a refused shape
-    or stride (``misfit``) is named at the end, through the rule that names it, with the values that
-    :mod:`slabstage.checks` converts (``pad_to``, ``text_scale``, the vocabulary bounds).
+    The batch's own rules are decided first (sizes, media, segments, room, overlap); a tensor or media block that
+    breaks a rule of :func:`~slabstage.checks.check_tensor` (``misfit``: its shape, stride, kind, dtype or device)
+    is named at the end, through the rule that names it, with the values that :mod:`slabstage.checks` converts
+    (``pad_to``, ``text_scale``, the vocabulary bounds).
     """
     embed = dst.slab is not None
     vals, layouts = fields_of(src)  # (the layouts are values: checked below, every batch)
@@ -287,7 +288,7 @@ def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
 
 def _sizes(dst: Destinations, src, config: Config, reads: tuple, n: int, spans: list) -> tuple:
     """``(b, misfit)``: the request count, after the request and token counts are checked against ``dst``, and
-    the first input (``(name, tensor, shape)``) whose shape or stride is refused, or None."""
+    the first input whose shape or stride is refused (``(name, tensor, the rules it breaks)``), or None."""
     b, misfit = _lengths(config.sources, reads, n, spans)
     if misfit is not None:
         return b, misfit
@@ -302,7 +303,7 @@ def _sizes(dst: Destinations, src, config: Config, reads: tuple, n: int, spans: 
     _, dtypes, _, _, strides, ptrs = reads
     if not config.sources or config.sources[0][1]:  # embeddings alone: the ids are read all the same
         if n > 1 and strides[0][0] != 1:
-            return b, ("input_ids", reads[0][0], (n,))  # "... must be contiguous along its last axis"
+            return b, ("input_ids", reads[0][0], {"shape": (n,)})  # "... must be contiguous along its last axis"
         if n and not config.host_ids:
             spans += ("input_ids", ptrs[0], ptrs[0] + n * ELEM[dtypes[0]])
     return b, None
@@ -323,16 +324,18 @@ def _embeddings(dst: Destinations, config: Config, vals: tuple, reads: tuple, n:
     t, m, i = config.table, config.media, config.index
     rows, tw = shapes[t]
     if tw > 1 and strides[t][1] != 1:
-        return None, ("table", vals[TABLE], (None, None))  # "... must be contiguous along its last axis"
+        return None, ("table", vals[TABLE], {})  # "... must be contiguous along its last axis"
     if m is not None:
         plan = one_tensor_plan(vals[MEDIA], shapes[m], strides[m], ptrs[m], dtypes[m])
         if plan is None:
-            return None, ("media", vals[MEDIA], (None, None))  # "... must be contiguous along its last axis"
+            return None, ("media", vals[MEDIA], {})  # "... must be contiguous along its last axis"
     else:
-        plan = describe_media(vals[MEDIA], dst.device, dst.slab.shape[1], tw, vals[EXPAND])
+        plan, misfit = _media_plan(vals[MEDIA], dst.device, dst.slab.shape[1], tw, vals[EXPAND])
+        if misfit is not None:
+            return None, misfit
     if i is not None:
         if shapes[i] != (n,) or (n > 1 and strides[i][0] != 1):
-            return plan, ("media_index", vals[INDEX], (n,))
+            return plan, ("media_index", vals[INDEX], {"shape": (n,)})
         if n and not config.host_index:  # (a host index travels in the parameter record)
             spans += ("media_index", ptrs[i], ptrs[i] + n * ELEM[dtypes[i]])
     elif plan is not None:
@@ -344,10 +347,10 @@ def _embeddings(dst: Destinations, config: Config, vals: tuple, reads: tuple, n:
 
 def _named(dst: Destinations, config: Config, vals: tuple, reads: tuple, n: int, b: int, pad_to, plan, segments,
            misfit) -> Checked:
-    """The end of :func:`check_batch`: a refused shape or stride named; host values a narrower slot cannot hold
+    """The end of :func:`check_batch`: a refused tensor or block named; host values a narrower slot cannot hold
     refused; ``pad_to``, ``text_scale`` and the vocabulary bounds checked; the :class:`Checked` batch."""
     if misfit is not None:
-        check_tensor(misfit[0], misfit[1], shape=misfit[2])  # names what is wrong
+        _refuse(misfit)
     for at, name, narrow in config.narrow:
         check_values(name, reads[0][at], narrow)
     if type(pad_to) is not int or not n <= pad_to <= dst.capacity:
@@ -368,8 +371,8 @@ def _named(dst: Destinations, config: Config, vals: tuple, reads: tuple, n: int,
 
 def _lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> tuple:
     """``(b, misfit)``: the request count, and the first integer source (``sources``, a :class:`Config`'s) whose
-    shape or stride does not fit ``n`` and ``b`` (``(name, tensor, shape)``, or None); the bytes of each read in
-    place go to ``spans`` (checked against every destination)."""
+    shape or stride does not fit ``n`` and ``b`` (``(name, tensor, {"shape": ...})``, or None); the bytes of each
+    read in place go to ``spans`` (checked against every destination)."""
     ts, _, _, shapes, strides, ptrs = reads
     b = -1
     for at, _, kind, rows, name, elem, in_record in sources:
@@ -383,13 +386,21 @@ def _lengths(sources: tuple, reads: tuple, n: int, spans: list | None) -> tuple:
         else:
             want = (rows, n) if kind == ROWS else (n,)
         if shape != want or (want[-1] > 1 and strides[at][-1] != 1):
-            return max(b, 0), (name, ts[at], want)
+            return max(b, 0), (name, ts[at], {"shape": want})
         if spans is None or in_record:
             continue
         elems = want[0] if kind != ROWS else ((rows - 1) * strides[at][0] + n if n else 0)
         if elems:
             spans += (name, ptrs[at], ptrs[at] + elems * elem)
     return max(b, 0), None
+
+
+def _refuse(misfit: tuple) -> None:
+    """Raise what :func:`~slabstage.checks.check_tensor` says of ``misfit``: ``(name, tensor, the rules it
+    breaks)``."""
+    name, t, rules = misfit
+    check_tensor(name, t, **rules)
+    raise TypeError(f"{name} could not be read as a tensor")  # pragma: no cover - a look-alike it accepts
 
 
 def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
@@ -428,9 +439,9 @@ def check_sources(src, what: str = "PrefillBatch") -> None:
     n, i = reads[3][0][0], config.index
     misfit = _lengths(config.sources, reads, n, None)[1]
     if misfit is None and i is not None and (reads[3][i] != (n,) or (n > 1 and reads[4][i][0] != 1)):
-        misfit = ("media_index", vals[INDEX], (n,))
+        misfit = ("media_index", vals[INDEX], {"shape": (n,)})
     if misfit is not None:
-        check_tensor(misfit[0], misfit[1], shape=misfit[2])  # names what is wrong
+        _refuse(misfit)
     if i is None and vals[MEDIA] is not None:
         raise ValueError(f"{what}.media was given without media_index")
 
@@ -479,8 +490,17 @@ def describe_media(media, device: torch.device, slab_width: int, text_width: int
     breaks it looked for, and named: ``TypeError``/``ValueError``, and :class:`WidthContractError` for widths (see
     :func:`check_media_width`).
     """
+    plan, misfit = _media_plan(media, device, slab_width, text_width, expand)
+    if misfit is not None:
+        _refuse(misfit)
+    return plan
+
+
+def _media_plan(media, device: torch.device, slab_width: int, text_width: int, expand: str) -> tuple:
+    """``(plan, misfit)``: :func:`describe_media`'s plan, or None and the first block that a rule of
+    :func:`~slabstage.checks.check_tensor` refuses (``(name, block, the rules)``: :func:`_refuse` names it)."""
     if media is None:
-        return None
+        return None, None
     if type(media) not in (list, tuple):
         raise TypeError(f"media must be a 2-D tensor or a list of items (tensors or tuples of column blocks), "
                         f"got {type(media).__name__}")
@@ -488,7 +508,7 @@ def describe_media(media, device: torch.device, slab_width: int, text_width: int
         raise ValueError("media is an empty list: pass None when the batch has no media")
     kinds = set(map(type, media))
     if Entry in kinds:
-        return _entries_plan(media, kinds, device, slab_width, text_width, expand)
+        return _entries_plan(media, kinds, device, slab_width, text_width, expand), None
     if kinds == {torch.Tensor}:  # items of one block each
         blocks, lens = media, None
     elif kinds == {tuple}:  # items of column blocks
@@ -496,9 +516,10 @@ def describe_media(media, device: torch.device, slab_width: int, text_width: int
     else:
         items = _items(media)
         blocks, lens = [t for item in items for t in item], list(map(len, items))
-    plan = _plan(media, blocks, lens, device, slab_width, text_width)
-    check_media_width("media item 0", plan.width, slab_width, text_width, expand)
-    return plan
+    plan, misfit = _plan(media, blocks, lens, device, slab_width, text_width)
+    if plan is not None:
+        check_media_width("media item 0", plan.width, slab_width, text_width, expand)
+    return plan, misfit
 
 
 def one_tensor_plan(media: torch.Tensor, shape, stride, ptr: int, dtype: torch.dtype) -> MediaPlan | None:
@@ -533,14 +554,17 @@ def _items(media) -> tuple:
     return tuple(m if type(m) is tuple else (m,) for m in media)
 
 
-def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: int, text_width: int) -> MediaPlan:
-    """The plan of items ``media`` (``blocks``: their column blocks in order; ``lens``: each item's blocks, None
-    when each is one tensor) from one read of every block, worked out a column of the batch at a time in
-    C-level loops (the host time of many new items is their reads); raises naming the first item that breaks a
-    rule."""
+def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: int, text_width: int) -> tuple:
+    """``(plan, misfit)`` of items ``media`` (``blocks``: their column blocks in order; ``lens``: each item's
+    blocks, None when each is one tensor) from one read of every block, worked out a column of the batch at a
+    time in C-level loops (the host time of many new items is their reads); raises naming the first item that
+    breaks a rule, but for a block's own rules (``misfit``, see :func:`_read_blocks`)."""
     if lens is not None and 0 in lens:
         raise ValueError(f"media item {lens.index(0)} is an empty tuple: give at least one column block")
-    ptrs, rs, ws, s0s, dtype = _read_blocks(blocks, lens, device)
+    read, misfit = _read_blocks(blocks, lens, device)
+    if misfit is not None:
+        return None, misfit
+    ptrs, rs, ws, s0s, dtype = read
     n, k = len(media), 1 if lens is None else max(lens)
     if k > 1:  # (block 0 of an item of several holds the embeddings: the text width when the slab is wider)
         wide = text_width if slab_width > text_width else None
@@ -562,36 +586,37 @@ def _plan(media, blocks, lens: list | None, device: torch.device, slab_width: in
     align = reduce(or_, ptrs, 0) & 15 or (reduce(or_, ws, width) if k > 1 else width) & 7
     if not align and s0s is not ws:  # (the row stride of an item of one row is never used)
         align = reduce(or_, s0s if min(rs) > 1 else (s for s, r in zip(s0s, rs) if r > 1), 0) & 7
-    return MediaPlan(media, rows, width, dtype, starts, fields, k, not align, lows, highs)
+    return MediaPlan(media, rows, width, dtype, starts, fields, k, not align, lows, highs), None
 
 
 def _read_blocks(blocks, lens: list | None, device: torch.device) -> tuple:
-    """``(addresses, rows, widths, row strides, dtype)`` of every block, read a column at a time; each block must
-    be a 2-D float tensor of item 0's dtype, with contiguous rows, that the kernel can read on ``device``: raises
-    naming the first block that is not."""
+    """``(read, misfit)``: ``(addresses, rows, widths, row strides, dtype)`` of every block, read a column at a
+    time; or None and the first block that is not a 2-D float tensor with contiguous rows that the kernel can
+    read on ``device`` (``(name, block, the rules of check_tensor it breaks)``). Raises for a block of another
+    dtype than item 0's and for a pageable host block on a CUDA device."""
     try:  # (a contiguous block's row stride is its width: its strides are read only when it is not)
         ptrs, shapes, dense = list(map(_data_ptr, blocks)), list(map(_size, blocks)), list(map(_dense, blocks))
         dtypes, devices = set(map(_dtype, blocks)), set(map(_device, blocks))
     except (RuntimeError, TypeError, AttributeError):  # not a tensor; sparse, mkldnn, nested ones have no data
-        for at, t in enumerate(blocks):
-            check_tensor(_block_name(lens, at), t)
-        raise  # pragma: no cover - check_tensor names whatever could not be read
+        at = next(at for at, t in enumerate(blocks) if _unreadable(t))
+        return None, (_block_name(lens, at), blocks[at], {})
     dtype = blocks[0].dtype
     if len(dtypes) != 1 or dtype not in FLOAT_BYTES:
         at = next(at for at, t in enumerate(blocks) if t.dtype != dtype or dtype not in FLOAT_BYTES)
         name = _block_name(lens, at)
-        check_tensor(name, blocks[at], dtypes=FLOAT_DTYPES)
+        if blocks[at].dtype not in FLOAT_BYTES:
+            return None, (name, blocks[at], {"dtypes": FLOAT_DTYPES})
         raise TypeError(f"{name} is {blocks[at].dtype} but media item 0 is {dtype}: items share one dtype")
     if set(map(len, shapes)) != {2}:
         at = next(at for at, shape in enumerate(shapes) if len(shape) != 2)
-        check_tensor(_block_name(lens, at), blocks[at], dims=2)
+        return None, (_block_name(lens, at), blocks[at], {"dims": 2})
     rs, ws = zip(*shapes)
     s0s = ws
     if False in dense:
         s0s, s1s = zip(*map(_stride, blocks))
         for at, (r, w, s1) in enumerate(zip(rs, ws, s1s)):
             if s1 != 1 and w > 1 and r:  # rows must be contiguous
-                check_tensor(_block_name(lens, at), blocks[at])
+                return None, (_block_name(lens, at), blocks[at], {})
     on_cuda = device.type == "cuda"
     dev = (device.index if device.index is not None else torch.cuda.current_device()) if on_cuda else -1
     if devices != {dev} or (not on_cuda and 0 in ptrs and not all(map(_is_cpu, blocks))):  # (-1 is meta too)
@@ -602,8 +627,17 @@ def _read_blocks(blocks, lens: list | None, device: torch.device) -> tuple:
                 if on_cuda and t.is_cpu:
                     raise ValueError(f"{name} is in pageable host memory: the kernel reads host items "
                                      f"through their device-mapped address, so pin it (tensor.pin_memory())")
-                check_tensor(name, t, device=device)
-    return ptrs, rs, ws, s0s, dtype
+                return None, (name, t, {"device": device})
+    return (ptrs, rs, ws, s0s, dtype), None
+
+
+def _unreadable(t) -> bool:
+    """Whether ``t`` is not a tensor whose data, shape, dtype and device :func:`_read_blocks` can read."""
+    try:
+        _data_ptr(t), _size(t), _dense(t), _dtype(t), _device(t)
+    except (RuntimeError, TypeError, AttributeError):
+        return True
+    return False
 
 
 def _block_name(lens: list | None, at: int) -> str:
