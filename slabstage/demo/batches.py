@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph_runner import PrefillBatch
-from ..kernels import media_index_from_spans
+from ..staging import media_index_from_spans
 from ..models import ToyMultimodalModel
 
 __all__ = ["build_batch", "widen", "reference_merge"]

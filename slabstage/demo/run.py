@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..graph_runner import PrefillBatch, PrefillGraphRunner, default_token_buckets
-from ..kernels import StagingError, raise_if_errors
+from ..staging import StagingError, raise_if_errors
 from ..models import VARIANTS, ToyMultimodalModel
 from ..staging import StagingBuffers
 from .batches import build_batch, reference_merge

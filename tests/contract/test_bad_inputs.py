@@ -35,7 +35,7 @@ import torch
 import slabstage as ss
 from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, BufferRegistry, CaptureError,
                        PrefillBatch, PrefillGraphRunner, RegistryMismatchError, StagingBuffers, WidthContractError)
-from slabstage.kernels import default_error_word, reset_errors
+from slabstage.staging import default_error_word, reset_errors
 from slabstage.staging.stager import stage_batch
 from slabstage.models import ToyMultimodalModel
 

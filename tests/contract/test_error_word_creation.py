@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 from slabstage import StagingError, media_index_from_mask, new_error_word, raise_if_errors, reset_errors
-from slabstage.kernels import MEDIA_COUNT_MISMATCH, default_error_word
+from slabstage.staging import MEDIA_COUNT_MISMATCH, default_error_word
 from slabstage.staging import errors as errors_module
 
 

@@ -29,7 +29,7 @@ import slabstage as ss
 from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, MEDIA_COUNT_MISMATCH, PrefillBatch, PrefillGraphRunner,
                        StagingError, media_index_from_mask, new_error_word, raise_if_errors, reset_errors,
                        stage_embeddings)
-from slabstage.kernels import default_error_word
+from slabstage.staging import default_error_word
 from slabstage.staging.stager import stage_batch
 
 NO_ROW = 2**31 - 1

@@ -6,7 +6,7 @@ import torch
 
 from slabstage import (MEDIA_COUNT_MISMATCH, StagingError, media_index_from_mask, media_index_from_spans,
                        new_error_word, raise_if_errors, stage_embeddings)
-from slabstage.kernels import BAD_MEDIA_INDEX
+from slabstage.staging import BAD_MEDIA_INDEX
 
 NO_ROW = 2**31 - 1
 
@@ -159,7 +159,7 @@ def test_mask_non_contiguous(device):
 
 
 def test_mask_default_error_word(device):
-    from slabstage.kernels import default_error_word, reset_errors
+    from slabstage.staging import default_error_word, reset_errors
     word = default_error_word(device)
     reset_errors(word)
     media_index_from_mask(torch.tensor([True, True, False], device=device), 1)

@@ -23,7 +23,7 @@ import torch
 from slabstage import (BAD_MEDIA_INDEX, MEDIA_COUNT_MISMATCH, PrefillBatch, PrefillGraphRunner,
                        StagingBuffers, StagingError, WidthContractError, media_index_from_mask, new_error_word,
                        stage_embeddings)
-from slabstage.kernels import default_error_word
+from slabstage.staging import default_error_word
 from slabstage.models import VARIANTS, make_batch
 
 from builders import gen, poisoned, randint, randn, same_bytes, toy, toy_buffers  # noqa: I001 - tests/builders.py

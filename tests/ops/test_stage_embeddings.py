@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from slabstage import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, StagingError, WidthContractError, new_error_word,
                        raise_if_errors, reset_errors, stage_embeddings)
-from slabstage.kernels import default_error_word
+from slabstage.staging import default_error_word
 from slabstage.staging.reference import stage_embeddings_reference
 
 import builders  # noqa: I001 - tests/builders.py
