@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from ..cache.encoder_cache import EncoderCache
+from ..checks import check_int, is_int
 from ..graph_runner.batch import PrefillBatch
 from ..graph_runner.buckets import default_token_buckets
 from ..graph_runner.runner import PrefillGraphRunner
@@ -143,9 +144,7 @@ def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, to
 
 
 def _check_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"slabstage.hf.generate: {name} must be an int >= 1, got {value!r}")
-    return value
+    return check_int(f"slabstage.hf.generate: {name}", value, lo=1)
 
 
 class Generator:
@@ -188,7 +187,7 @@ class Generator:
         if not self.fam.is_vlm:
             raise ValueError(f"{where}: {type(self.model).__name__} ({self.fam.name}) is a text-only model")
         if not isinstance(cache, EncoderCache):
-            if isinstance(cache, bool) or not isinstance(cache, int):
+            if not is_int(cache):
                 raise TypeError(f"{where} must be a slabstage.cache.EncoderCache or a byte budget (int), got "
                                 f"{type(cache).__name__}")
             return EncoderCache(width, self.dtype, self.device, cache)

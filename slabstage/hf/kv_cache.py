@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_int
 from ._family import family_of
 
 __all__ = ["KVCache"]
@@ -34,8 +35,7 @@ class KVCache:
         """
         fam = family_of(model, "KVCache.allocate")
         for name, value in (("max_requests", max_requests), ("max_context", max_context)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"slabstage.hf.KVCache.allocate: {name} must be a positive int, got {value!r}")
+            check_int(f"slabstage.hf.KVCache.allocate: {name}", value, lo=1)
         shape = cache_shape(fam, "KVCache.allocate")
         param = next(fam.language_model.parameters())
         device = param.device if device is None else torch.device(device)

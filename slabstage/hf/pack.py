@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..checks import check_int
 from ..graph_runner.batch import PrefillBatch
 from ..staging.mrope import mrope_segments
 from ..staging.reference import mrope_from_segments
@@ -246,8 +247,7 @@ def _cache_slots(requests: list, chunks: list, cache) -> tuple:
     if len(set(rows)) != len(rows):
         raise ValueError(f"slabstage.hf.pack_requests: requests share a req_index ({rows}): one row each")
     for k, (row, (start, end)) in enumerate(zip(rows, chunks)):
-        if isinstance(row, bool) or not isinstance(row, int):
-            raise TypeError(f"slabstage.hf.pack_requests: request {k}: req_index must be an int, got {row!r}")
+        check_int(f"slabstage.hf.pack_requests: request {k}: req_index", row)
         try:
             cache.slots(row, start, end - start)
         except ValueError as e:
