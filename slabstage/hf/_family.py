@@ -30,7 +30,7 @@ SUPPORTED = TEXT_FAMILIES + MROPE_FAMILIES + DEEPSTACK_FAMILIES
 BARE_TEXT_OF_VLM = tuple(f"{f}_text" for f in MROPE_FAMILIES + DEEPSTACK_FAMILIES)
 # 5.0.0 cannot build Qwen3-VL-MoE's text model (it reads a pad_token_id its config lacks); 5.1 and 5.2 take
 # get_rope_index without mm_token_type_ids, which slabstage.hf.mrope_positions handles. Keep in step with
-# pyproject.toml's hf and test extras, docs/hf.md and tests/hf/test_hf_edge_cases.py.
+# pyproject.toml's hf and test extras, docs/hf.md and tests/hf/test_transformers_minimum.py.
 MIN_TRANSFORMERS = "5.1.0"
 # the entry points that run several packed sequences through one rotary call: there a rope whose frequencies
 # follow the longest position in the call would give every sequence the frequencies of the longest one
