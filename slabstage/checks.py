@@ -14,29 +14,9 @@ import struct
 
 import torch
 
-__all__ = [
-    "check_values",
-    "vocab_bounds",
-    "FLOAT_DTYPES",
-    "NotAnIntError",
-    "NotARealError",
-    "INT_DTYPES",
-    "INT32_MAX",
-    "check_bool",
-    "check_not_meta",
-    "check_choice",
-    "check_fill",
-    "check_int",
-    "check_real",
-    "check_float32",
-    "check_tensor",
-    "overlap_message",
-    "byte_span",
-    "extent",
-    "dtype_holds",
-    "is_int",
-    "is_real",
-]
+__all__ = ["check_values", "vocab_bounds", "FLOAT_DTYPES", "NotAnIntError", "NotARealError", "INT_DTYPES", "INT32_MAX",
+           "check_bool", "check_not_meta", "check_choice", "check_fill", "check_int", "check_real", "check_float32",
+           "check_tensor", "overlap_message", "byte_span", "extent", "dtype_holds", "is_int", "is_real"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)

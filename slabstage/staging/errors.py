@@ -33,20 +33,9 @@ from ..kernels.layout import (BAD_MEDIA_INDEX, BAD_TOKEN_ID, ERROR_FIRST_ROW, ER
                               NO_ROW, VALUE_OUT_OF_RANGE)
 from .buffers import new_error_word
 
-__all__ = [
-    "BAD_TOKEN_ID",
-    "BAD_MEDIA_INDEX",
-    "MEDIA_COUNT_MISMATCH",
-    "VALUE_OUT_OF_RANGE",
-    "StagingError",
-    "check_error_word",
-    "default_error_word",
-    "describe_errors",
-    "new_error_word",
-    "raise_if_errors",
-    "reset_errors",
-    "writing_word",
-]
+__all__ = ["BAD_TOKEN_ID", "BAD_MEDIA_INDEX", "MEDIA_COUNT_MISMATCH", "VALUE_OUT_OF_RANGE", "StagingError",
+           "check_error_word", "default_error_word", "describe_errors", "new_error_word", "raise_if_errors",
+           "reset_errors", "writing_word"]
 
 # the codes (bits of word 0) are named in slabstage.kernels.layout, where the kernels read them
 
@@ -103,11 +92,9 @@ def check_error_word(errors: torch.Tensor, device: torch.device, against: str = 
     """Raise ``ValueError`` unless ``errors`` is an error word on ``device`` (where ``against`` lives)."""
     if (not isinstance(errors, torch.Tensor) or errors.dtype != torch.int32 or errors.dim() != 1
             or errors.numel() < ERROR_WORD_SIZE or not errors.is_contiguous()):
-        raise ValueError(
-            f"errors must be a contiguous 1-D int32 tensor of at least {ERROR_WORD_SIZE} elements "
-            f"(see new_error_word), got {getattr(errors, 'dtype', type(errors))} "
-            f"shape {tuple(getattr(errors, 'shape', ()))}"
-        )
+        raise ValueError(f"errors must be a contiguous 1-D int32 tensor of at least {ERROR_WORD_SIZE} elements "
+                         f"(see new_error_word), got {getattr(errors, 'dtype', type(errors))} "
+                         f"shape {tuple(getattr(errors, 'shape', ()))}")
     if errors.device != device:
         raise ValueError(f"errors is on {errors.device} but {against} is on {device}")
 

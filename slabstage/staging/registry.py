@@ -111,10 +111,8 @@ class BufferRegistry:
 
     def _refuse_if_frozen(self, what: str, name: str) -> None:
         if self._frozen:
-            raise RegistryMismatchError(
-                f"cannot {what} slot {name!r}: the registry is frozen by a captured graph; "
-                f"drop the graphs (or call unfreeze()) first"
-            )
+            raise RegistryMismatchError(f"cannot {what} slot {name!r}: the registry is frozen by a captured graph; "
+                                        f"drop the graphs (or call unfreeze()) first")
 
     def freeze(self) -> None:
         self._frozen = True
@@ -207,6 +205,4 @@ class BufferRegistry:
                     if was != is_:
                         shown = (hex(was), hex(is_)) if field == "data_ptr" else (was, is_)
                         problems.append(f"slot {name!r} {field} changed from {shown[0]} to {shown[1]}")
-        raise RegistryMismatchError(
-            "buffers changed since capture (reallocated or replaced): " + "; ".join(problems)
-        )
+        raise RegistryMismatchError("buffers changed since capture (reallocated or replaced): " + "; ".join(problems))

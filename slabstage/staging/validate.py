@@ -1,32 +1,12 @@
-"""The one validation of a staging batch, for every path (graph, eager, the ops, the custom ops).
+"""The one validation of a staging batch, for every path (graph, eager, the ops, the custom ops): the width rules,
+the media checks and the batch checks (docs/design.md, "One validation" and "Media items").
 
-Every rule a batch must satisfy is stated here once, beside the others: the width rules
-(:func:`check_source_width`, :func:`check_media_width`), the media checks (:func:`describe_media`), the
-batch checks (:func:`check_batch`), and the mrope layouts' through :func:`~slabstage.staging.mrope.mrope_segments`;
-the generic rules (a tensor's dtype, device, rank; an int, not a bool) come from :mod:`slabstage.checks`.
-Three parts, checked in this order:
-
-- :class:`~slabstage.staging.destinations.Destinations` checks what a stager writes (the slab, every integer
-  slot, the error word) once per set of destinations;
-- :func:`configuration` reads a batch's tensors (once, a column at a time: every dtype, then every device, ...;
-  the reads are most of a batch's host time) and checks what its *configuration* fixes the first time it is
-  seen, keeping a :class:`Config`. A configuration is which of its fields hold tensors, each tensor's dtype,
-  device and rank, the table's and the media tensor's width, ``expand`` and ``media_owner`` (values compared by
-  type and value, so ``1`` is not ``True``);
-- :func:`check_batch` checks what can change from batch to batch (lengths, strides, ``pad_to``, bounds,
-  ``text_scale``, the media items, the mrope layouts, storage overlap with the destinations) on every batch,
-  and returns the :class:`Checked` batch the parameter record and the reference are built from.
-
+:func:`configuration` reads a batch's tensors and checks what its configuration fixes once, keeping a
+:class:`Config`; :func:`check_batch` checks the rest on every batch and returns the :class:`Checked` batch the
+parameter record and the reference are built from. ``media`` is one 2-D tensor, a sequence of items (each a 2-D
+tensor or a tuple of column blocks with equal rows) or a list of :class:`~slabstage.cache.Entry` handles of one
+:class:`~slabstage.cache.EncoderCache`; :func:`describe_media` checks items and returns their :class:`MediaPlan`.
 Every check runs before anything is written; each error names what was wrong and what was expected.
-
-Media: ``media`` is one 2-D tensor or a sequence of items laid end to end, each a 2-D tensor or a tuple of
-column blocks with equal rows (DeepStack: block 0 the embeddings, block ``i`` level ``i - 1``).
-:func:`describe_media` checks them and returns a :class:`MediaPlan`: each item's first media row and, per
-column block, ``(address, row stride, first column, end column)``; the kernel finds a row's item from them, so
-nothing is concatenated. Items may sit in pinned host memory when the slab is on a CUDA device (the kernel reads
-them through their mapped address); an empty item is never read. ``media`` may instead be a list of
-:class:`~slabstage.cache.Entry` handles of one :class:`~slabstage.cache.EncoderCache`: each is an item of one
-block, the cache's full width, at its arena address (no tensor is read).
 """
 
 from __future__ import annotations
@@ -49,10 +29,8 @@ from .mrope import check_layouts, mrope_segments
 from .slots import SOURCE_SLOTS
 from .width import WidthContractError
 
-__all__ = ["Checked", "Config", "Inputs", "MediaPlan", "check_batch", "check_configuration", "check_media_width",
-           "check_source_width", "check_sources", "configuration", "describe_media", "fields_of", "one_tensor_plan",
-           "FIELDS", "DEFAULTS", "SOURCES", "LAYOUT_SLOT", "TABLE", "MEDIA", "INDEX", "EXPAND", "SCALE",
-           "VOCAB_RANGE", "VOCAB_SIZE", "OWNER", "ELEM"]
+__all__ = ["Checked", "Config", "Inputs", "MediaPlan", "check_batch", "check_media_width", "check_source_width",
+           "check_sources", "describe_media", "DEFAULTS", "LAYOUT_SLOT", "ELEM"]
 
 SOURCES = tuple(spec.name for spec in SOURCE_SLOTS)
 # a batch's fields (PrefillBatch's), and the defaults of those a caller may leave out
@@ -130,12 +108,6 @@ def fields_of(src) -> tuple[tuple, object]:
     return (*vals[:LAYOUT_SLOT], None, *vals[LAYOUT_SLOT + 1:]), layouts
 
 
-def _read(ts: tuple) -> tuple:
-    """``(tensors, dtypes, devices, shapes, strides, addresses)``, a column at a time."""
-    return (ts, tuple(map(_dtype, ts)), tuple(map(_device, ts)), tuple(map(_size, ts)), tuple(map(_stride, ts)),
-            tuple(map(_ptr, ts)))
-
-
 def configuration(dst: Destinations | None, vals: tuple, forms: dict, embed: bool):
     """``(Config, reads)`` of the batch ``vals`` (:func:`fields_of`): its tensors read, its configuration looked
     up in ``forms`` (the caller's: one a stager), or checked and kept there; raises when it is refused.
@@ -146,7 +118,9 @@ def configuration(dst: Destinations | None, vals: tuple, forms: dict, embed: boo
     if form is None:
         form = forms[types] = _Form(types, embed)
     try:
-        reads = _read(form.pick(vals))
+        ts = form.pick(vals)  # (read a column at a time)
+        reads = (ts, tuple(map(_dtype, ts)), tuple(map(_device, ts)), tuple(map(_size, ts)), tuple(map(_stride, ts)),
+                 tuple(map(_ptr, ts)))
         shapes = reads[3]
         key = (*reads[1], *reads[2], *map(len, shapes), form.table is not None and shapes[form.table][-1:],
                form.media is not None and shapes[form.media][-1:], vals[EXPAND], vals[OWNER])
@@ -719,21 +693,15 @@ def check_source_width(name: str, source_width: int, slab_width: int, expand: st
     :class:`WidthContractError` naming the source, both widths and the policy.
     """
     if source_width > slab_width:
-        raise WidthContractError(
-            f"{name} rows are {source_width} wide but the input_embeds slab is {slab_width} wide: "
-            f"the declared input_embeds width is too narrow for this source"
-        )
+        raise WidthContractError(f"{name} rows are {source_width} wide but the input_embeds slab is {slab_width} wide: "
+                                 f"the declared input_embeds width is too narrow for this source")
     if source_width < slab_width:
         if expand == "repeat" and (source_width <= 0 or slab_width % source_width):
-            raise WidthContractError(
-                f"{name} width {source_width} does not divide the slab width {slab_width}: "
-                f'expand="repeat" needs a whole number of copies'
-            )
+            raise WidthContractError(f"{name} width {source_width} does not divide the slab width {slab_width}: "
+                                     f'expand="repeat" needs a whole number of copies')
         if expand not in ("zeros", "repeat"):
-            raise WidthContractError(
-                f'{name} is {source_width} wide, narrower than the slab ({slab_width}); '
-                f'expand must be "zeros" or "repeat", got {expand!r}'
-            )
+            raise WidthContractError(f'{name} is {source_width} wide, narrower than the slab ({slab_width}); '
+                                     f'expand must be "zeros" or "repeat", got {expand!r}')
 
 
 def check_media_width(name: str, media_width: int, slab_width: int, text_width: int, expand: str) -> None:

@@ -112,10 +112,8 @@ def _declared(model: object, attr: str, where: str) -> object:
                 static.__get__(model, type(model))
             except Exception as inner:
                 cause = inner
-        raise WidthContractError(
-            f"{where}.{attr} is declared but computing it raised {type(cause).__name__}: {cause}; "
-            f"only an absent attribute falls back to the config width"
-        ) from cause
+        raise WidthContractError(f"{where}.{attr} is declared but computing it raised {type(cause).__name__}: {cause}; "
+                                 f"only an absent attribute falls back to the config width") from cause
 
 
 def _as_width(value: object) -> int | None:
@@ -141,30 +139,22 @@ def resolve_input_embeds_width(
     where = type(model).__name__
     base = _as_width(config_hidden_size)
     if base is None or base <= 0:
-        raise WidthContractError(
-            f"{where}: config hidden size must be a positive int, got {config_hidden_size!r}"
-        )
+        raise WidthContractError(f"{where}: config hidden size must be a positive int, got {config_hidden_size!r}")
     declared = _declared(model, attr, where)
     if declared is _MISSING:
         misses = _near_misses(model, attr)
         if misses:
-            raise WidthContractError(
-                f"{where} has attribute {misses[0]!r} but not {attr!r}: a misspelt width "
-                f"declaration would silently fall back to config hidden size {base}; "
-                f"rename it to {attr!r} (found: {', '.join(misses)})"
-            )
+            raise WidthContractError(f"{where} has attribute {misses[0]!r} but not {attr!r}: a misspelt width "
+                                     f"declaration would silently fall back to config hidden size {base}; "
+                                     f"rename it to {attr!r} (found: {', '.join(misses)})")
         return base
     width = _as_width(declared)
     if width is None:
-        raise WidthContractError(
-            f"{where}.{attr} must be a positive int, got {declared!r} "
-            f"({type(declared).__name__}); config hidden size is {base}"
-        )
+        raise WidthContractError(f"{where}.{attr} must be a positive int, got {declared!r} "
+                                 f"({type(declared).__name__}); config hidden size is {base}")
     if width <= 0:
         raise WidthContractError(f"{where}.{attr} must be positive, got {width} (config hidden size {base})")
     if width < base:
-        raise WidthContractError(
-            f"{where}.{attr} = {width} is below the config hidden size {base}: "
-            f"the slab must hold at least the hidden size"
-        )
+        raise WidthContractError(f"{where}.{attr} = {width} is below the config hidden size {base}: "
+                                 f"the slab must hold at least the hidden size")
     return width
