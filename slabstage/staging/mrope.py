@@ -30,7 +30,7 @@ import torch
 from ..checks import INT64_MAX, check_float32, check_int, is_int
 from ..kernels.layout import (INTERVAL_F32, INTERVAL_F64, INTERVAL_INT, SEGMENT_WORDS)
 
-__all__ = ["MropeLayout", "check_layouts", "mrope_segments", "SEGMENT_WORDS"]
+__all__ = ["MropeLayout", "check_layouts", "float_word", "mrope_segments", "SEGMENT_WORDS"]
 
 _FLOAT_CODE = {torch.float32: INTERVAL_F32, torch.float64: INTERVAL_F64}
 
@@ -93,48 +93,46 @@ def _intervals(intervals, count: int, where: str) -> list[tuple[int, int]]:
     if isinstance(intervals, torch.Tensor):
         if intervals.dim() != 1 or intervals.shape[0] != count:
             raise ValueError(f"{where} intervals has shape {tuple(intervals.shape)}, expected [{count}] (one per item)")
-        if intervals.dtype in _FLOAT_CODE:
-            code = _FLOAT_CODE[intervals.dtype]
-            values = intervals.tolist()
-        elif not (intervals.dtype.is_floating_point or intervals.dtype.is_complex or intervals.dtype == torch.bool):
-            return [(INTERVAL_INT, check_int(f"{where} intervals[{j}]", v)) for j, v in enumerate(intervals.tolist())]
-        else:
+        if intervals.dtype not in _FLOAT_CODE and _not_int(intervals.dtype):
             raise TypeError(f"{where} intervals must be an integer, float32 or float64 tensor, got {intervals.dtype}")
-        out = []
-        for j, v in enumerate(values):
-            if not math.isfinite(v):
-                raise ValueError(f"{where} intervals[{j}] is {v}: must be finite")
-            out.append((code, _bits(v, code)))
-        return out
+        code = _FLOAT_CODE.get(intervals.dtype, INTERVAL_INT)
+        return [_word(code, v, f"{where} intervals[{j}]", None) for j, v in enumerate(intervals.tolist())]
     values = _as_list(intervals, f"{where} intervals")
     if len(values) != count:
         raise ValueError(f"{where} intervals has {len(values)} entries for {count} items")
     out = []
     for j, v in enumerate(values):
         if isinstance(v, torch.Tensor) and v.dim() == 0:
-            if v.dtype in _FLOAT_CODE:
-                code, f = _FLOAT_CODE[v.dtype], v.item()
-            elif v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
+            if v.dtype not in _FLOAT_CODE and _not_int(v.dtype):
                 raise TypeError(f"{where} intervals[{j}] is a {v.dtype} tensor: give an int, float32 or float64")
-            else:
-                out.append((INTERVAL_INT, check_int(f"{where} intervals[{j}]", v.item(), lo=-INT64_MAX - 1)))
-                continue
+            code, v = _FLOAT_CODE.get(v.dtype, INTERVAL_INT), v.item()
         elif is_int(v):
-            out.append((INTERVAL_INT, check_int(f"{where} intervals[{j}]", v, lo=-INT64_MAX - 1)))
-            continue
+            code = INTERVAL_INT
         elif isinstance(v, float):
-            code, f = INTERVAL_F32, v  # a Python float: torch multiplies an int64 arange by it in float32
+            code = INTERVAL_F32  # a Python float: torch multiplies an int64 arange by it in float32
         else:
             raise TypeError(f"{where} intervals[{j}] must be an int or a float, got {v!r} ({type(v).__name__})")
-        if not math.isfinite(f):
-            raise ValueError(f"{where} intervals[{j}] is {f}: must be finite")
-        if code == INTERVAL_F32:
-            check_float32(f"{where} intervals[{j}]", f)
-        out.append((code, _bits(f, code)))
+        out.append(_word(code, v, f"{where} intervals[{j}]"))
     return out
 
 
-def _bits(v: float, code: int) -> int:
+def _not_int(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
+
+
+def _word(code: int, v, name: str, lo: int | None = -INT64_MAX - 1) -> tuple[int, int]:
+    """``(code, value word)`` of one interval ``v`` of kind ``code``, checked (an int: not below ``lo``)."""
+    if code == INTERVAL_INT:
+        return code, check_int(name, v, lo=lo)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} is {v}: must be finite")
+    if code == INTERVAL_F32:
+        check_float32(name, v)
+    return code, float_word(v, code)
+
+
+def float_word(v: float, code: int = INTERVAL_F32) -> int:
+    """The bits of ``v`` as float32 (``code`` INTERVAL_F32) or float64, as an int word of the parameter record."""
     if code == INTERVAL_F32:
         return struct.unpack("<i", struct.pack("<f", v))[0]
     return struct.unpack("<q", struct.pack("<d", v))[0]

@@ -38,6 +38,7 @@ from ..kernels.layout import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F
 from ..kernels.runtime import launch_lock, next_pow2, use_triton
 from ..kernels.stage_kernel import fetch_kernel, launch_settings, stage_kernel
 from .destinations import Destinations
+from .mrope import float_word
 from .reference import stage_reference
 from .ring import PinnedRing
 from .slots import NEEDED_SLOTS, SLOTS, SOURCE_SLOTS
@@ -280,7 +281,7 @@ class Stager:
                 values[H_INDEX] = ptrs[i]
         values[H_VOCAB_START:H_SCALE] = c.bounds
         if c.scale is not None:
-            values[H_SCALE] = _f32_bits(c.scale)
+            values[H_SCALE] = float_word(c.scale)
         values[H_TABLE], values[H_TABLE_STRIDE], values[H_IDS] = tptr, s0, ids_addr
         if plan is not None:
             if c.media_owner:
@@ -437,10 +438,6 @@ def stage_batch(buffers, *, pad_to, **inputs) -> None:
     """A whole batch (integer slots and embeddings, ``PrefillBatch``'s fields as keywords) into ``buffers`` in one
     launch: what the runner stages, outside it (for tests and tools)."""
     Stager.for_buffers(buffers, embed=True).stage(Inputs(**inputs), pad_to)
-
-
-def _f32_bits(x: float) -> int:
-    return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
 _STRUCTS: dict = {}
