@@ -47,9 +47,15 @@ def _base(t: torch.Tensor) -> torch.Tensor:
 def _drop(key) -> None:
     with _LOCK:
         entry = _CACHE.pop(key, None)
-    if entry is not None:
-        for f in entry.finalizers:
-            f.detach()
+    _detach(entry)
+
+
+def _detach(*entries) -> None:
+    """Dropped entries (None: none) no longer drop anything when their owners are collected."""
+    for e in entries:
+        if e is not None:
+            for f in e.finalizers:
+                f.detach()
 
 
 def _keep(key, stager: Stager, owners) -> _Entry:
@@ -65,10 +71,7 @@ def _keep(key, stager: Stager, owners) -> _Entry:
         old = _CACHE.pop(key, None)
         _CACHE[key] = entry
         evicted = [_CACHE.popitem(last=False)[1] for _ in range(len(_CACHE) - MAX_STAGERS)]
-    for e in [old, *evicted]:
-        if e is not None:
-            for f in e.finalizers:
-                f.detach()
+    _detach(old, *evicted)
     return entry
 
 
@@ -149,6 +152,4 @@ def clear() -> None:
     with _LOCK:
         entries = list(_CACHE.values())
         _CACHE.clear()
-    for e in entries:
-        for f in e.finalizers:
-            f.detach()
+    _detach(*entries)
