@@ -30,12 +30,11 @@ from typing import List, Optional
 
 import torch
 
-from .checks import check_bool, check_choice, check_int, check_not_meta, check_real, check_tensor
+from .checks import check_bool, check_choice, check_int, check_not_meta, check_real, check_tensor, vocab_bounds
 from .staging.errors import check_error_word, default_error_word
 from .staging.stager import Inputs
 from .staging.op_stagers import slots_destinations
 from .staging.stage_embeddings import stage_embeddings
-from .checks import vocab_bounds
 from .staging.buffers import StagingBuffers
 from .staging.slots import SLOTS, SOURCE_SLOTS
 

@@ -12,7 +12,6 @@ from .slots import REQUESTS, ROWS, SLOTS, TOKENS, SlotSpec
 __all__ = ["StagingBuffers", "ERROR_WORD_SIZE", "new_error_word"]
 
 
-
 def new_error_word(device: torch.device | str) -> torch.Tensor:
     """A fresh device error word: ``int32[4]`` = (codes, rows flagged, first row, count).
 
