@@ -8,19 +8,9 @@ so Dynamo traces through them and Inductor keeps them as opaque, ordered calls.
 The Python wrappers :func:`stage_embeddings_op` and :func:`stage_token_inputs_op`
 take the same arguments as the plain functions and give the same answers: each
 op runs the one validation, and the wrappers first refuse, with the same errors,
-values the op's schema cannot carry.
-
-What an op call does, on CUDA: check the batch, write its parameter record into a
-pinned ring slot, queue one host-to-device copy of the record and one kernel launch
-on the current stream; no host sync, no graph captured behind the caller's back.
-The ring and device record belong to the destinations (:mod:`slabstage.staging.op_stagers`:
-one set per slab storage, or per exact set of token-input tensors, at most 16
-kept, none holding a reference to a tensor), so two buffers, two slabs or two
-streams never share one. Inside a graph the caller captures, each call gets a
-device record of its own, which the graph's replays copy and read; it is kept for
-the life of the process. The Python wrappers skip torch's autograd and
-version-counter wrappers where they have nothing to do (outside ``torch.compile``, no
-argument requiring grad) and bump the written tensors' versions themselves.
+values the op's schema cannot carry. An op call stages as the plain function does (one copy, one launch, no
+host sync); inside a graph the caller captures, each call gets a device parameter record of its own, kept for
+the life of the process.
 """
 
 from __future__ import annotations

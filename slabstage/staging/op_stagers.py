@@ -1,13 +1,8 @@
-"""The stagers of the standalone ops: a few, each owned by the destinations it writes, none shared.
+"""The stagers of the standalone ops: at most :data:`MAX_STAGERS`, each owned by the destinations it writes.
 
-``stage_embeddings(slab, ...)`` keeps one stager per slab *storage*, dtype and width: views of one slab
-(``base[:n]``, the usual way an engine stages, also views made under inference mode, which have no
-``_base``) share it, and its parameter records name no destination (the slab is a launch argument).
-``torch.ops.slabstage.stage_token_inputs`` keeps one per exact set of destination tensors (their parameter records name
-every destination's address). The cache holds at most :data:`MAX_STAGERS` and no reference to any tensor it
-serves: a finalizer on each slab's storage (each token destination's base tensor) drops its entries when
-that is collected, and a dropped stager frees its pinned ring and device record once the device work it
-queued has finished (:mod:`slabstage.staging.stager`).
+``stage_embeddings`` keeps one per slab storage, dtype and width (views of one slab share it);
+``torch.ops.slabstage.stage_token_inputs`` one per exact set of destination tensors. No entry holds a reference to
+a tensor it serves: a finalizer on each owner's storage or base tensor drops it (docs/design.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""The pinned ring a parameter record travels through.
-
-The ring: ``K`` pinned slots of one pinned buffer, step ``s`` written into slot
-``s % K``. Its parameter record reaches the stager's device copy through a copy queued before
-the launch (eager paths), or through the fetch kernel that begins every captured
-graph: it reads the device counter (the last step staged) and copies slot
-``(counter + 1) % K``. Program 0 of each staging launch stores its step into the
-counter and into the ring's ``done`` word (pinned, read by the host): the parameter record of
-step ``s`` has been read by then. The host writes step ``s`` only once
-``done >= s - K``: no event, no host sync unless the host runs ``K`` steps ahead of
-the device.
+"""The pinned ring a parameter record travels through: ``K`` pinned slots, step ``s`` written into slot ``s % K``
+once the ring's ``done`` word (stored by each staging launch) says step ``s - K`` was read; no event, no host sync
+unless the host runs ``K`` steps ahead of the device (docs/design.md, "One kernel, one parameter record").
 """
 
 from __future__ import annotations

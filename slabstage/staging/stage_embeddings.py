@@ -1,9 +1,5 @@
-"""stage_embeddings: text rows gathered, media rows scattered, padding zeroed, one launch.
-
-The pinned ring and device parameter record a launch uses belong to the slab's storage (views of one slab share
-them; at most 16 such sets are kept, each freed with its slab once its queued work has finished:
-:mod:`slabstage.staging.op_stagers`).
-"""
+"""stage_embeddings: text rows gathered, media rows scattered, padding zeroed, one launch (through the stager of
+the slab's storage: :mod:`slabstage.staging.op_stagers`)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
 """The one staging path: check a batch, write its parameter record, launch the kernel over it.
 
-A :class:`Stager` serves one set of destinations (:class:`~slabstage.staging.destinations.Destinations`):
-the runner's buffers (:meth:`Stager.for_buffers`), or those of a standalone op's call
-(:mod:`slabstage.staging.op_stagers` keeps a few, keyed by the destinations themselves). What it holds (the
-pinned ring, the device parameter record, the checked configurations) belongs to those destinations alone and is
-freed with it, once the device work it queued has finished. :meth:`Stager.prepare` checks a batch (nothing is
-written when that raises) and writes its parameter record into the next slot of the pinned ring
-(:meth:`Stager._write`, from a template of the words a configuration fixes). Then either :meth:`Stager.launch`
-moves it into the stager's device parameter record and queues the staging kernel, or a graph recorded by
-:meth:`Stager.record` is replayed through :meth:`Stager.replay`: it begins with the fetch kernel, which copies the
-parameter record itself, so a replayed step costs the host no copy call. On a CPU device without Triton's
-interpreter the PyTorch reference stages the checked batch instead.
-
-Ordering: a ring slot is rewritten only once the staging kernel that followed its last reader (the copy or
-the fetch, on the same stream) has reported its step in the ring's ``done`` word
-(:class:`~slabstage.staging.ring.PinnedRing`). That holds across streams because the launches of one
-stager are totally ordered: a launch or replay on a stream other than the last one's first makes its stream
-wait for the last one (:meth:`Stager._order`), so two streams never read one device parameter record at once.
+A :class:`Stager` serves one set of destinations and owns what it stages through (its pinned ring, device
+parameter record and checked configurations); see docs/design.md, "One kernel, one parameter record".
+:meth:`Stager.prepare` checks a batch (nothing is written when that raises) and writes its parameter record into
+the next ring slot; :meth:`Stager.launch` copies it into the device record and queues the kernel, or a graph made
+with :meth:`Stager.record` fetches it when :meth:`Stager.replay` replays it. On a CPU device without Triton's
+interpreter the PyTorch reference stages the checked batch instead. Launches of one stager are totally ordered,
+whatever their streams (:meth:`Stager._order`).
 """
 
 from __future__ import annotations
@@ -106,12 +96,8 @@ def _retire(held: tuple, where: list) -> None:
 
 
 class Stager:
-    """Stages batches into ``dst`` through the one kernel; see the module docstring.
-
-    The piece of a slab row one program writes comes from the slab's width and dtype
-    (one helper, :func:`launch_settings`). Launches of one stager are totally ordered,
-    whatever streams queue them (:meth:`_order`).
-    """
+    """Stages batches into ``dst`` through the one kernel (see the module docstring); the piece of a slab row one
+    program writes comes from the slab's width and dtype (:func:`launch_settings`)."""
 
     def __init__(self, dst: Destinations) -> None:
         _sweep()
