@@ -139,9 +139,7 @@ def stage_token_inputs_op(buffers: StagingBuffers, *, pad_to: int, **sources) ->
     unknown = set(sources) - {s.name for s in SOURCE_SLOTS}
     if unknown:
         raise TypeError(f"stage_token_inputs_op got unexpected arguments {sorted(unknown)}")
-    reg = buffers.registry
-    dsts = [reg[s.name] if s.name in reg else None for s in SLOTS]
-    fills = [reg.slot(s.name).fill_value if s.name in reg else None for s in SLOTS]
+    dsts, fills = buffers.slots_and_fills()
     check_int("pad_to", pad_to)
     for name, t in sources.items():
         if t is not None:

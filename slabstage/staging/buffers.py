@@ -71,17 +71,9 @@ class StagingBuffers:
         self._stagers: dict = {}  # slabstage.staging.stager.Stager.for_buffers keeps its stagers here
 
     @classmethod
-    def allocate(
-        cls,
-        *,
-        max_num_tokens: int,
-        max_batch_size: int,
-        embed_width: int,
-        embed_dtype: torch.dtype,
-        device: torch.device | str,
-        cache_loc_dtype: torch.dtype = torch.int64,
-        mrope: bool = False,
-    ) -> "StagingBuffers":
+    def allocate(cls, *, max_num_tokens: int, max_batch_size: int, embed_width: int, embed_dtype: torch.dtype,
+                 device: torch.device | str, cache_loc_dtype: torch.dtype = torch.int64,
+                 mrope: bool = False) -> "StagingBuffers":
         """Allocate every slot once; raise ``ValueError`` on an invalid argument.
 
         Sizes are positive ints of at most ``2**31 - 1``; ``embed_dtype`` is one that the
@@ -121,6 +113,13 @@ class StagingBuffers:
         return cls(reg, max_num_tokens=T, max_batch_size=B, errors=new_error_word(device))
 
     input_embeds = property(lambda self: self.registry["input_embeds"])
+
+    def slots_and_fills(self) -> tuple[list, list]:
+        """Per row of :data:`~slabstage.staging.slots.SLOTS`: the slot's tensor, and the value its padded rows get
+        (None: the buffers have no such slot, or its rows are not padded)."""
+        reg = self.registry
+        return ([reg[s.name] if s.name in reg else None for s in SLOTS],
+                [reg.slot(s.name).fill_value if s.name in reg else None for s in SLOTS])
 
     @property
     def device(self) -> torch.device:

@@ -77,9 +77,8 @@ class BufferRegistry:
         self._version = 0  # bumped whenever a slot is added or swapped
 
     # -- building -----------------------------------------------------------------
-    def register(
-        self, name: str, tensor: torch.Tensor, *, token_axis: int | None = 0, pad: PadPolicy = "zeros"
-    ) -> torch.Tensor:
+    def register(self, name: str, tensor: torch.Tensor, *, token_axis: int | None = 0,
+                 pad: PadPolicy = "zeros") -> torch.Tensor:
         """Add slot ``name``. ``token_axis=None`` marks a slot that views(n) does not slice."""
         self._refuse_if_frozen("register", name)
         if name in self._slots:
@@ -102,9 +101,8 @@ class BufferRegistry:
         if token_axis is not None:
             token_axis = check_int(f"slot {name!r}: token_axis", token_axis)
             if not -tensor.dim() <= token_axis < tensor.dim():
-                raise ValueError(
-                    f"slot {name!r}: token_axis {token_axis} is out of range for a {tensor.dim()}-d tensor"
-                )
+                raise ValueError(f"slot {name!r}: token_axis {token_axis} is out of range for a "
+                                 f"{tensor.dim()}-d tensor")
             token_axis %= tensor.dim()
         _check_pad(name, pad, tensor.dtype)
         return Slot(tensor, token_axis, pad)

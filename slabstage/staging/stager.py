@@ -411,8 +411,7 @@ class Stager:
         missing = [name for name in NEEDED_SLOTS if name not in reg]
         if missing:
             raise ValueError(f"the buffers have no {missing[0]!r} slot")
-        slots = [reg[spec.name] if spec.name in reg else None for spec in SLOTS]
-        fills = [reg.slot(spec.name).fill_value if spec.name in reg else None for spec in SLOTS]
+        slots, fills = buffers.slots_and_fills()
         dst = Destinations(slab=reg["input_embeds"] if embed else None, slots=slots, fills=fills, errors=errors,
                            host_ok=True, device=buffers.device, batch_cap=buffers.max_batch_size)
         st = cls(dst)
