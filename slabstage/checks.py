@@ -190,11 +190,10 @@ def dtype_holds(dtype: torch.dtype, value) -> bool:
 def check_fill(name: str, value: object, dtype: torch.dtype) -> int | float:
     """``value`` as a fill (pad) value that ``dtype`` stores as given, else ``ValueError`` naming ``name``.
 
-    Integer and bool dtypes take integers (or whole floats such as ``3.0``) in their
-    range: no NaN, no inf, no fraction; float
-    dtypes take any real number within their finite range (NaN and inf stay what they are;
-    a finite value that would round to inf, or an int past float range, is refused).
-    A value that is not a real number (a bool included) raises ``TypeError``.
+    Integer and bool dtypes take integers (or whole floats such as ``3.0``) in their range: no NaN, no inf, no
+    fraction; float dtypes take any real number within their finite range (NaN and inf stay what they are; a
+    finite value that would round to inf, or an int past float range, is refused). A value that is not a real
+    number (a bool included) raises ``TypeError``.
     """
     if not is_real(value):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")

@@ -290,7 +290,12 @@ class PrefillGraphRunner:
         if clone:
             return first_rows(out, n, True)
         views = self._views.get(n)  # the same views every time: slicing costs more than the replay launch
-        return views if views is not None else self._keep_views(out, n)
+        if views is None:
+            views = first_rows(out, n, False)
+            if isinstance(out, torch.Tensor) or (isinstance(out, tuple) and all(isinstance(v, torch.Tensor)
+                                                                                for v in out)):
+                self._views[n] = views  # (not a dict or a list: a caller could change those)
+        return views
 
     def _run_eager(self, n: int, why: str, clone: bool) -> Any:
         """Run ``forward`` eagerly over the staged batch of ``n`` rows (``why``: the reason code); for
@@ -322,11 +327,3 @@ class PrefillGraphRunner:
             range_pop()
         if self.after_stage is not None:
             self.after_stage(pad_to)
-
-    def _keep_views(self, out: Any, n: int) -> Any:
-        """The first ``n`` rows of ``out``, kept for the next run of ``n`` unless a caller could change them
-        (a dict or a list)."""
-        views = first_rows(out, n, False)
-        if isinstance(out, torch.Tensor) or (isinstance(out, tuple) and all(isinstance(v, torch.Tensor) for v in out)):
-            self._views[n] = views
-        return views

@@ -15,12 +15,8 @@ index    meaning
 Nothing on the host looks at the word until the engine calls
 :func:`raise_if_errors` (one sync, when it chooses) or passes ``strict=True``.
 
-Inference mode: the words slabstage makes (:func:`new_error_word`, the default word
-of a device, ``StagingBuffers.errors``) are normal tensors even when made under
-``torch.inference_mode``, so they work in and outside it. A word the caller made
-under inference mode (an inference tensor) is accepted too: it is written, read
-and reset under inference mode, which PyTorch allows for inference tensors
-anywhere, so it also works outside inference mode (see :func:`writing_word`).
+The words slabstage makes are normal tensors even when made under ``torch.inference_mode``; a word the caller
+made there is accepted too (:func:`writing_word`).
 """
 
 from __future__ import annotations
