@@ -13,11 +13,8 @@ __all__ = ["StagingBuffers", "ERROR_WORD_SIZE", "new_error_word"]
 
 
 def new_error_word(device: torch.device | str) -> torch.Tensor:
-    """A fresh device error word: ``int32[4]`` = (codes, rows flagged, first row, count).
-
-    Always a normal tensor, even when made under ``torch.inference_mode``, so that it
-    can be written, read and reset both inside and outside inference mode.
-    """
+    """A fresh device error word (:mod:`slabstage.staging.errors`): a normal tensor even when made under
+    ``torch.inference_mode``, so it is written, read and reset in and outside it."""
     with torch.inference_mode(False):
         word = torch.zeros(ERROR_WORD_SIZE, dtype=torch.int32, device=device)
         word[ERROR_FIRST_ROW] = NO_ROW  # a device fill, no host copy: safe under sync debug mode

@@ -55,11 +55,7 @@ class StagingError(RuntimeError):
 
 
 def default_error_word(device: torch.device) -> torch.Tensor:
-    """The module-level error word of ``device``, used when a call passes none.
-
-    Made once per device (under a lock, so threads that stage at the same time share
-    it and no flagged row is lost), as a normal tensor even under inference mode.
-    """
+    """The error word of ``device`` used when a call passes none: one per device, whatever the threads."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -74,13 +70,8 @@ def default_error_word(device: torch.device) -> torch.Tensor:
 
 
 def writing_word(errors: torch.Tensor):
-    """A context in which the reference path (PyTorch ops) may update ``errors`` in place.
-
-    A word made by the caller under ``torch.inference_mode`` (an inference tensor) is
-    updated under inference mode, which PyTorch allows anywhere; any other word under
-    no inference mode, which a normal tensor needs nowhere but harms nothing. The
-    Triton path writes through the word's address and needs no context.
-    """
+    """A context in which the reference path (PyTorch ops) may update ``errors`` in place: inference mode for an
+    inference tensor (PyTorch allows that anywhere), none for a normal one. The Triton path needs no context."""
     return torch.inference_mode(errors.is_inference())
 
 
@@ -113,11 +104,8 @@ def reset_errors(errors: torch.Tensor) -> None:
 def raise_if_errors(errors: torch.Tensor | None = None, *, device: torch.device | str | None = None) -> None:
     """Read the error word (one host sync), reset it, and raise :class:`StagingError` if set.
 
-    With no ``errors``, the module-level word of ``device`` (default: the current
-    CUDA device, else CPU) is read. Works in and outside inference mode, for a word
-    made in either (a caller's inference-tensor word is reset under inference mode);
-    a word found set raises :class:`StagingError` and nothing else. An argument that
-    is not an error word raises ``ValueError`` before anything is read.
+    With no ``errors``, the default word of ``device`` (default: the current CUDA device, else CPU) is read. An
+    argument that is not an error word raises ``ValueError`` before anything is read.
     """
     if errors is None:
         if device is None:

@@ -237,12 +237,8 @@ class Checked(NamedTuple):
 def check_batch(dst: Destinations, src, pad_to, configs: dict) -> Checked:
     """Check the batch ``src`` (an object with :class:`~slabstage.PrefillBatch`'s fields; a field it lacks takes
     the default in :data:`DEFAULTS`) against ``dst``; raise before anything is written. ``configs``: the
-    configurations checked so far for ``dst``'s stager (kept by the caller).
-
-    The batch's own rules are decided first (sizes, media, segments, room, overlap); a tensor or media block that
-    breaks a rule of :func:`~slabstage.checks.check_tensor` (``misfit``: its shape, stride, kind, dtype or device)
-    is named at the end, through the rule that names it, with the values that :mod:`slabstage.checks` converts
-    (``pad_to``, ``text_scale``, the vocabulary bounds).
+    configurations checked so far for ``dst``'s stager (kept by the caller). A tensor or media block that breaks a
+    rule of :func:`~slabstage.checks.check_tensor` (``misfit``) is named after the batch's own rules are decided.
     """
     embed = dst.slab is not None
     vals, layouts = fields_of(src)  # (the layouts are values: checked below, every batch)

@@ -88,14 +88,8 @@ def _near_misses(model: object, attr: str) -> list[str]:
 
 
 def _declared(model: object, attr: str, where: str) -> object:
-    """``model.<attr>``, or ``_MISSING`` when the attribute is absent.
-
-    Absent means: not found on the instance, its class or the MRO (looked up
-    statically, without running properties), and not served by ``__getattr__``. An
-    attribute that is present but raises while computing (a property reading a
-    missing config field raises ``AttributeError``) is declared, so it raises
-    :class:`WidthContractError` naming it instead of falling back.
-    """
+    """``model.<attr>``, or ``_MISSING`` when it is absent: not found statically (no property run) and not served
+    by ``__getattr__``. A present attribute that raises while computing raises :class:`WidthContractError`."""
     try:
         static = inspect.getattr_static(model, attr)
     except AttributeError:
