@@ -1,17 +1,8 @@
 """Checks on what a caller hands the VLM adapters: prompt ids, grids, and how a prompt's placeholders
-line up with its grids and media items.
+line up with its grids and media items (docs/hf.md, "A request's items, in order").
 
-They run before anything is computed (rope index, packing), so a bad request fails here with a
-``TypeError`` (wrong kind of value) or ``ValueError`` (right kind, wrong value) that names it,
-never later inside HF or the staging kernels.
-
-What HF means by the grids (``get_rope_index``, ``get_placeholder_mask`` and the masked scatter
-of its forward): the image placeholder tokens of a prompt, in prompt order, take the rows of the
-images in ``image_grid_thw`` order, one maximal run of placeholders per image; the video
-placeholders likewise take the videos in ``video_grid_thw`` order, one run per video (Qwen3-VL:
-one run per frame, the frames parted by their timestamps). So a request's items are its images in
-``image_grid_thw`` order, then its videos in ``video_grid_thw`` order, item ``j`` holding
-``t * h * w // merge**2`` rows of its own grid row ``(t, h, w)``.
+They run before anything is computed, so a bad request fails here with a ``TypeError`` (wrong kind of
+value) or ``ValueError`` (right kind, wrong value) that names it, never later inside HF or the kernels.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Which Hugging Face model family a loaded model belongs to, and where its parts are.
-
-One place that knows transformers' layout (checked against transformers 5.1 to 5.x):
-``...ForConditionalGeneration`` / ``...ForCausalLM`` wrap a base model
-(``model.model``); a VLM's base model holds ``visual`` and ``language_model``;
-a decoder LM's base model is itself the language model.
-
-Every entry point calls :func:`family_of` first, so the checks that hold for all of
-them live here: the transformers version, and (for the entry points that run packed
-sequences through the rotary embedding) the refusal of length-dependent rope.
+"""Which Hugging Face model family a loaded model belongs to, and where its parts are: the one place that knows
+transformers' layout (a VLM's base model holds ``visual`` and ``language_model``; a decoder LM's base model is
+itself the language model). Every entry point calls :func:`family_of` first, so the checks common to all of them
+(the transformers version, length-dependent rope) live here.
 """
 
 from __future__ import annotations
@@ -25,9 +19,10 @@ __all__ = ["Family", "family_of", "TEXT_FAMILIES", "MROPE_FAMILIES", "DEEPSTACK_
 TEXT_FAMILIES = ("llama", "qwen2", "qwen3")
 MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 DEEPSTACK_FAMILIES = ("qwen3_vl", "qwen3_vl_moe")
-SUPPORTED = TEXT_FAMILIES + MROPE_FAMILIES + DEEPSTACK_FAMILIES
+VLM_FAMILIES = MROPE_FAMILIES + DEEPSTACK_FAMILIES
+SUPPORTED = TEXT_FAMILIES + VLM_FAMILIES
 # the text halves of the VLMs above, loaded alone: no vision tower, no DeepStack levels, no rope index
-BARE_TEXT_OF_VLM = tuple(f"{f}_text" for f in MROPE_FAMILIES + DEEPSTACK_FAMILIES)
+BARE_TEXT_OF_VLM = tuple(f"{f}_text" for f in VLM_FAMILIES)
 # 5.0.0 cannot build Qwen3-VL-MoE's text model (it reads a pad_token_id its config lacks); 5.1 and 5.2 take
 # get_rope_index without mm_token_type_ids, which slabstage.hf.mrope_positions handles. Keep in step with
 # pyproject.toml's hf and test extras, docs/hf.md and tests/hf/test_transformers_minimum.py.
@@ -66,7 +61,7 @@ class Family:
 
     @functools.cached_property
     def is_vlm(self) -> bool:
-        return self.name in MROPE_FAMILIES + DEEPSTACK_FAMILIES
+        return self.name in VLM_FAMILIES
 
     @functools.cached_property
     def has_deepstack(self) -> bool:
@@ -82,12 +77,7 @@ class Family:
 
     @property
     def deepstack_features(self) -> int:
-        """How many DeepStack features the vision tower emits per item.
-
-        HF's tower walks its blocks once and emits one feature after block ``i`` when ``i`` is in
-        ``deepstack_visual_indexes``: an index past the tower's depth (or negative) emits nothing and a
-        repeated index emits once (the first of its mergers).
-        """
+        """How many DeepStack features the vision tower emits per item (docs/hf.md, "DeepStack levels")."""
         if not self.has_deepstack:
             return 0
         tower = self.base.visual
@@ -101,8 +91,7 @@ class Family:
 
     @property
     def deepstack_levels(self) -> int:
-        """How many DeepStack levels HF actually adds: the features the tower emits, feature ``i`` after
-        decoder layer ``i``, so at most one per decoder layer."""
+        """How many DeepStack levels HF adds: at most one per decoder layer."""
         return min(self.deepstack_features, self.num_layers)
 
 
@@ -125,16 +114,10 @@ def family_of(model: object, what: str) -> Family:
 
 
 def identify(model: object, what: str) -> Family:
-    """Identify ``model`` (a transformers model as loaded) or raise naming what it lacks.
-
-    ``what`` is the calling entry point's name (``"pack_requests"``, ...): it prefixes the errors
-    and, for :data:`PACKED_ROPE_ENTRY_POINTS`, turns on the rope check below.
-
-    Raises ``ImportError`` for a transformers older than :data:`MIN_TRANSFORMERS`,
-    :class:`WidthContractError` for the bare text model of a VLM (no DeepStack
-    information, no vision tower), ``TypeError`` for anything unsupported, and, from
-    ``prefill_forward`` and ``pack_requests``, ``ValueError`` for a rope whose frequencies
-    depend on the sequence length (:func:`length_dependent_rope`).
+    """The :class:`Family` of ``model`` (a transformers model as loaded) for the entry point ``what`` (it
+    prefixes the errors). Raises ``ImportError`` for a transformers older than :data:`MIN_TRANSFORMERS`,
+    :class:`WidthContractError` for the bare text model of a VLM, ``TypeError`` for anything unsupported, and,
+    from :data:`PACKED_ROPE_ENTRY_POINTS`, ``ValueError`` for a :func:`length_dependent_rope`.
     """
     _require_transformers(what)
     where = type(model).__name__
@@ -158,7 +141,7 @@ def identify(model: object, what: str) -> Family:
                             f"this transformers layout is not supported (checked with transformers 5.x)")
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     vision_config = getattr(config, "vision_config", None)
-    if name in MROPE_FAMILIES + DEEPSTACK_FAMILIES and (vision_config is None or not hasattr(base, "visual")):
+    if name in VLM_FAMILIES and (vision_config is None or not hasattr(base, "visual")):
         raise TypeError(f"slabstage.hf.{what}: {where} ({name}) lacks its vision tower (.visual) or vision_config")
     if getattr(text_config, "hidden_size", None) is None:
         raise TypeError(f"slabstage.hf.{what}: {where}'s text config lacks hidden_size")
@@ -174,32 +157,16 @@ def identify(model: object, what: str) -> Family:
     return fam
 
 
-def _rope_types(fam: Family) -> list[str]:
-    """The rope type(s) the language model's rotary embedding runs (one per layer type when it keys them)."""
-    rotary = fam.language_model.rotary_emb
-    kind = getattr(rotary, "rope_type", None)
-    if isinstance(kind, dict):  # rope_parameters keyed by layer type
-        return [str(k) for k in kind.values()]
-    if kind is None:
-        params = getattr(fam.text_config, "rope_parameters", None) or {}
-        kind = params.get("rope_type", "default")
-    return [str(kind)]
-
-
 def length_dependent_rope(fam: Family) -> str | None:
-    """The rope type of ``fam``'s language model when its frequencies depend on the sequence length
-    at run time, else None.
-
-    These are the types HF's ``dynamic_rope_update`` recomputes in the forward from
-    ``max(position_ids) + 1`` of the call: any type whose name holds ``"dynamic"`` (dynamic
-    NTK: rescaled past ``max_position_embeddings``) and ``"longrope"`` (``long_factor`` past
-    ``original_max_position_embeddings``, ``short_factor`` below; transformers up to 5.18 at
-    least also branches on the host there, which no CUDA graph captures). Every other type in
-    ``ROPE_INIT_FUNCTIONS`` (default, linear, yarn, llama3, proportional) has fixed frequencies.
-    """
-    for kind in _rope_types(fam):
-        if "dynamic" in kind or kind == "longrope":
-            return kind
+    """The rope type of ``fam``'s language model when HF's ``dynamic_rope_update`` recomputes its frequencies
+    from the longest position of each call (a ``"dynamic"`` type, ``"longrope"``), else None."""
+    kind = getattr(fam.language_model.rotary_emb, "rope_type", None)
+    if kind is None:
+        kind = (getattr(fam.text_config, "rope_parameters", None) or {}).get("rope_type", "default")
+    # (rope_parameters keyed by layer type: one type a layer type)
+    for each in map(str, kind.values() if isinstance(kind, dict) else (kind,)):
+        if "dynamic" in each or each == "longrope":
+            return each
     return None
 
 

@@ -1,11 +1,5 @@
-"""A capturable prefill forward over the slab for a Hugging Face model's language model.
-
-The model's own decoder layers, rotary embedding and final norm do the math. What
-the adapter replaces is what a CUDA graph cannot hold in HF's own forward:
-``create_causal_mask`` (host-side checks on the mask and positions), the DeepStack
-step (``hidden[visual_pos_masks] += ...``: boolean indexing, a data-dependent shape
-and a host sync), and rope-index computation (Python loops over ``.tolist()``).
-"""
+"""A capturable prefill forward over the slab for a Hugging Face model's language model (docs/hf.md says what
+it replaces in HF's forward, and why)."""
 
 from __future__ import annotations
 

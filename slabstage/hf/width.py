@@ -14,10 +14,8 @@ def input_embeds_width(model) -> int:
 
     - a declared ``input_embeds_hidden_size`` on the model wins (checked by
       :func:`slabstage.resolve_input_embeds_width`);
-    - Qwen3-VL / Qwen3-VL-MoE: text hidden size x (1 + k), k = the DeepStack levels HF
-      applies: ``min(features, decoder layers)``, ``features`` the vision blocks
-      ``i < depth`` whose index is in ``deepstack_visual_indexes`` (an index past the
-      tower emits nothing, a repeated one emits once);
+    - Qwen3-VL / Qwen3-VL-MoE: text hidden size x (1 + k), k the DeepStack levels HF
+      applies (docs/hf.md, "DeepStack levels");
     - Qwen2-VL, Qwen2.5-VL, Llama, Qwen2, Qwen3: the text hidden size.
 
     Raises :class:`WidthContractError` for the bare text model of a VLM, for a vision
