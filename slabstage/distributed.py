@@ -27,14 +27,10 @@ ALL_REDUCE_RANGE = "slabstage.all_reduce"  # NVTX range around the host-side all
 def vocab_shard(vocab_size: int, rank: int, world_size: int, *, padding: int = 1) -> tuple[int, int]:
     """The vocabulary ids ``[start, end)`` that ``rank`` holds: contiguous shards of equal size.
 
-    The split of engines' vocab-parallel embeddings: the vocabulary is padded to a
-    multiple of ``padding`` (vLLM and SGLang pad to 64; Megatron to
-    ``make_vocab_size_divisible_by * world_size``) and cut into ``world_size``
-    shards of ``rows = ceil(padded / world_size)`` table rows; rank ``r``'s shard
-    starts at id ``r * rows``. The range is clipped to the real vocabulary: the
-    padding rows at the end of the last shard hold no id (the kernel never reads
-    them), and a rank past the end gets the empty range ``(vocab_size, vocab_size)``.
-    Pass the rank's own table (``rows`` rows, padding included) with this range.
+    The vocabulary padded to a multiple of ``padding`` is cut into ``world_size`` shards of
+    ``rows = ceil(padded / world_size)`` table rows (docs/tensor_parallel.md gives each engine's
+    padding); the range is clipped to the real vocabulary, so a rank past the end gets the empty
+    range ``(vocab_size, vocab_size)``. Pass the rank's own table (``rows`` rows, padding included).
 
     Raises ``ValueError`` unless ``vocab_size >= 1``, ``world_size >= 1``,
     ``0 <= rank < world_size`` and ``padding >= 1`` are ints.
@@ -76,6 +72,14 @@ def _check_setup(buffers: object) -> None:
                            "the slab's all-reduce")
 
 
+def _sum_in_place(rows, group) -> None:
+    range_push(ALL_REDUCE_RANGE)
+    try:
+        dist.all_reduce(rows, op=dist.ReduceOp.SUM, group=group)
+    finally:
+        range_pop()
+
+
 class SlabAllReduce:
     """The runner's ``after_stage`` hook: sum ``buffers.input_embeds[:pad_to]`` over ``group``, in place.
 
@@ -98,12 +102,7 @@ class SlabAllReduce:
 
     def __call__(self, pad_to: int) -> None:
         slab = self.buffers.input_embeds
-        pad_to = check_int("pad_to", pad_to, lo=1, hi=slab.shape[0])
-        range_push(ALL_REDUCE_RANGE)
-        try:
-            dist.all_reduce(slab[:pad_to], op=dist.ReduceOp.SUM, group=self.group)
-        finally:
-            range_pop()
+        _sum_in_place(slab[:check_int("pad_to", pad_to, lo=1, hi=slab.shape[0])], self.group)
 
     def __repr__(self) -> str:
         return f"SlabAllReduce({self.buffers!r}, group={self.group!r})"
@@ -118,10 +117,8 @@ def all_reduce_in_forward(forward: Callable[[dict], Any], buffers: StagingBuffer
     bucket's graph, so a replay runs it with no host work, and the eager path
     (warm-up, batches past the largest bucket) runs it eagerly on ``views(n)``.
     Requirements of a collective inside a CUDA graph: NCCL >= 2.9.6; every rank
-    captures the same buckets in the same order (the runner does, given the same
-    buckets) and replays the same graphs in the same order (same batches); the
-    process group outlives the graphs (drop them, ``runner.reset()``, before
-    destroying it).
+    captures and replays the same buckets in the same order (same buckets, same
+    batches); the process group outlives the graphs (``runner.reset()`` first).
 
     The returned callable raises ``ValueError`` when ``views["input_embeds"]`` does
     not start at ``buffers.input_embeds`` (the forward was wrapped for other
@@ -138,11 +135,7 @@ def all_reduce_in_forward(forward: Callable[[dict], Any], buffers: StagingBuffer
         if embeds.data_ptr() != buffers.input_embeds.data_ptr():
             raise ValueError("views['input_embeds'] is not the start of the buffers' slab: this forward was "
                              "wrapped for other StagingBuffers")
-        range_push(ALL_REDUCE_RANGE)
-        try:
-            dist.all_reduce(embeds, op=dist.ReduceOp.SUM, group=group)
-        finally:
-            range_pop()
+        _sum_in_place(embeds, group)
         return forward(views)
 
     forward_after_all_reduce.forward = forward

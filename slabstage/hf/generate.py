@@ -1,13 +1,6 @@
 """Greedy generation through the staging buffers and the graph runner: the example of how an engine wires
-slabstage (prefill in chunks under a token budget, then decode steps), checked token for token against HF's
-``generate``.
-
-One scheduler step is one batch through :meth:`PrefillGraphRunner.run`: either prompt chunks packed under the
-token budget (a long prompt over several steps, several prompts in one) or a decode step (one new token for each
-running request, text rows only, staged by the same kernel). Every step writes its K and V into the paged KV
-cache at the staged ``out_cache_loc``; each row attends to its request's cached prefix and its own chunk. Only the
-last row of each request that completes its prompt (or decodes) goes through the LM head. The sampled ids are
-read back once per step: that read is the scheduler's one host sync (it needs them to build the next batch).
+slabstage (prefill in chunks under a token budget, then decode steps; docs/hf.md, "Generation"), checked token
+for token against HF's ``generate``.
 """
 
 from __future__ import annotations
@@ -120,14 +113,10 @@ def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, to
 
     Media: a request's ``media`` (encoded items), or its ``pixel_values`` / ``pixel_values_videos`` with the
     grids, which are encoded here. ``encoder_cache``: an :class:`~slabstage.cache.EncoderCache` at the slab's
-    width on the model's device (or a byte budget: one is made at the slab's width and dtype). Pixels are
-    then keyed by content (:func:`content_keys`) and encoded through it at the prefill step that reads them:
-    an image in two requests, or in an earlier call through the same cache, is encoded once; its rows are
-    staged by handle. Items given as tensors are copied into it for the call.
+    width on the model's device (or a byte budget: one is made at the slab's width and dtype); pixels are then
+    keyed by content (:func:`content_keys`) and encoded through it, misses only.
 
     Builds a :class:`Generator` for these requests (buffers, cache, graphs) and runs it; an engine keeps one.
-    Steps: admit waiting requests while cache rows are free; if any running request has prompt left, one
-    prefill step of chunks in arrival order under the budget; else one decode step for every running request.
     """
     requests = list(requests)
     if not requests:

@@ -17,6 +17,15 @@ IMAGE, VIDEO, VISION_START, VISION_END = 90, 91, 92, 93  # special ids, above ev
 PATCH, MERGE, TEMPORAL = 4, 2, 2
 
 
+def _random_text(n: int, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, VISION_START - 8, (n,), generator=g)
+
+
+def _placeholders(token: int, rows: int) -> torch.Tensor:
+    """``rows`` placeholder tokens between a vision-start and a vision-end token."""
+    return torch.cat([torch.tensor([VISION_START]), torch.full((rows,), token), torch.tensor([VISION_END])])
+
+
 def _text(hidden, layers, heads, kv_heads, intermediate, vocab, **extra) -> dict:
     return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                 num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
@@ -105,12 +114,10 @@ def tiny_prompt(model, grids, *, text_lens=None, generator=None, dtype=None):
     image_grid_thw)`` on the host (pixels are ``None`` for a text-only prompt)."""
     g = generator or torch.Generator().manual_seed(0)
     text_lens = text_lens or [5] * (len(grids) + 1)
-    parts = [torch.randint(0, VISION_START - 8, (text_lens[0],), generator=g)]
+    parts = [_random_text(text_lens[0], g)]
     pixels = []
     for i, (t, h, w) in enumerate(grids):
-        rows = t * h * w // MERGE ** 2
-        parts += [torch.tensor([VISION_START]), torch.full((rows,), IMAGE), torch.tensor([VISION_END]),
-                  torch.randint(0, VISION_START - 8, (text_lens[i + 1],), generator=g)]
+        parts += [_placeholders(IMAGE, t * h * w // MERGE ** 2), _random_text(text_lens[i + 1], g)]
         pixels.append(torch.randn(t * h * w, 3 * TEMPORAL * PATCH * PATCH, generator=g))
     ids = torch.cat(parts)
     if not grids:
@@ -134,19 +141,16 @@ def tiny_request(model, images=(), videos=(), *, text_lens=None, seconds=None, g
 
     g = generator or torch.Generator().manual_seed(0)
     text_lens = list(text_lens or [5] * (len(images) + len(videos) + 1))
-    text = (lambda n: torch.randint(0, VISION_START - 8, (n,), generator=g))
-    placeholders = (lambda token, rows: torch.cat([torch.tensor([VISION_START]), torch.full((rows,), token),
-                                            torch.tensor([VISION_END])]))
-    parts = [text(text_lens[0])]
+    parts = [_random_text(text_lens[0], g)]
     frames = model.config.model_type.startswith("qwen3")
     for k, (t, h, w) in enumerate(images):
-        parts += [placeholders(IMAGE, t * h * w // MERGE ** 2), text(text_lens[k + 1])]
+        parts += [_placeholders(IMAGE, t * h * w // MERGE ** 2), _random_text(text_lens[k + 1], g)]
     for k, (t, h, w) in enumerate(videos):
         if frames:
-            parts += [torch.cat([text(2), placeholders(VIDEO, h * w // MERGE ** 2)]) for _ in range(t)]
+            parts += [torch.cat([_random_text(2, g), _placeholders(VIDEO, h * w // MERGE ** 2)]) for _ in range(t)]
         else:
-            parts.append(placeholders(VIDEO, t * h * w // MERGE ** 2))
-        parts.append(text(text_lens[len(images) + k + 1]))
+            parts.append(_placeholders(VIDEO, t * h * w // MERGE ** 2))
+        parts.append(_random_text(text_lens[len(images) + k + 1], g))
     ids = torch.cat(parts)
     hf = dict(input_ids=ids[None])
     if not images and not videos:
@@ -154,11 +158,10 @@ def tiny_request(model, images=(), videos=(), *, text_lens=None, seconds=None, g
     device = next(model.parameters()).device
     dtype = dtype or next(model.parameters()).dtype
     pixels = (lambda grids: torch.randn(sum(t * h * w for t, h, w in grids), 3 * TEMPORAL * PATCH * PATCH,
-                                        generator=g).to(device, dtype))
-    igrid = torch.tensor(images, dtype=torch.int64) if images else None
-    vgrid = torch.tensor(videos, dtype=torch.int64) if videos else None
-    pv = pixels(images) if images else None
-    pvv = pixels(videos) if videos else None
+                                        generator=g).to(device, dtype) if grids else None)
+    grid = (lambda grids: torch.tensor(grids, dtype=torch.int64) if grids else None)
+    igrid, vgrid = grid(images), grid(videos)
+    pv, pvv = pixels(images), pixels(videos)
     items = media_items(model, pixel_values=pv, image_grid_thw=igrid, pixel_values_videos=pvv, video_grid_thw=vgrid)
     hf.update(mm_token_type_ids=mm_token_type_ids(model, ids[None]))
     for name, value in (("pixel_values", pv), ("image_grid_thw", igrid), ("pixel_values_videos", pvv),
