@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..graph_runner import PrefillBatch, PrefillGraphRunner, default_token_buckets
-from ..staging import StagingError, raise_if_errors
 from ..models import VARIANTS, ToyMultimodalModel
-from ..staging import StagingBuffers
+from ..staging import StagingBuffers, StagingError, raise_if_errors
 from .batches import build_batch, reference_merge
 
 __all__ = ["Result", "buckets_for", "plan_sizes", "run_variant", "summary"]

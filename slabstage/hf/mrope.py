@@ -45,8 +45,7 @@ def check_vlm_grids(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, whe
 def check_vlm_prompt(fam, ids: torch.Tensor, image_grid_thw, video_grid_thw, second_per_grid_ts, where: str):
     """``(image grid, video grid, runs)`` once the grids, ``second_per_grid_ts`` and the placeholders of the
     host prompt ``ids`` agree: the grids as host ``int64[N, 3]`` (or None), ``runs`` as
-    :func:`check_placeholders` returns them; raises ``TypeError``/``ValueError`` naming what does not.
-    (:func:`slabstage.hf.pack_requests` checks a whole batch so, its placeholders found in one pass.)"""
+    :func:`check_placeholders` returns them; raises ``TypeError``/``ValueError`` naming what does not."""
     images, videos = check_vlm_grids(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, where)
     found, = placeholder_runs(ids.numpy(), fam.placeholder_ids, [0])
     runs = check_placeholders(found, images, videos, where, fam.merge, frames=fam.has_deepstack)
@@ -149,14 +148,10 @@ def mrope_positions(model, input_ids: torch.Tensor, image_grid_thw=None, video_g
     """``int64[3, T]``: the (temporal, height, width) rope positions of one whole prompt.
 
     ``input_ids`` is an integer ``[T]`` (or ``[1, T]``); grids as the processor returns them
-    (integer ``[N, 3]`` of ``(t, h, w)``), for this request's images and videos only: the
-    prompt's image placeholder runs take the ``image_grid_thw`` rows in order, its video runs
-    the ``video_grid_thw`` rows (Qwen3-VL: one run per frame). ``second_per_grid_ts`` (one
-    number per video) is Qwen2.5-VL's only. Calls the model's own ``get_rope_index``, with
-    the ``mm_token_type_ids`` that transformers >= 5.3 requires (derived from the image and
-    video token ids); the positions are those of the installed transformers' own forward.
-    Runs on the host side of the pipeline (HF's loop reads the ids); give host tensors.
-    For a chunk of the prompt, slice the columns of the whole prompt's positions.
+    (integer ``[N, 3]`` of ``(t, h, w)``), for this request's images and videos only (docs/hf.md,
+    "A request's items, in order"). ``second_per_grid_ts`` (one number per video) is Qwen2.5-VL's
+    only. Calls the model's own ``get_rope_index`` (with ``mm_token_type_ids`` where it takes
+    them) on the host: give host tensors. For a chunk, slice the whole prompt's columns.
 
     Raises ``TypeError`` for a text-only model, non-integer ids or grids, and ``ValueError``
     for ids that are not one prompt, or grids that disagree with the placeholders.

@@ -156,18 +156,15 @@ def pack_requests(model, requests: Sequence[Request], *, device=None, expand: st
     and ``table`` (the model's embedding weights). ``device``: where ``media_index`` lives (default: the host,
     beside the other integer inputs, which the runner copies to the device in one packed copy).
 
-    The mrope positions are one :class:`slabstage.MropeLayout` a request, computed on the device by the rule of
-    the installed transformers' ``get_rope_index`` (transformers >= 5.6); a request that gives its own
-    ``mrope_positions``, or an older transformers, makes them one ``[3, n]`` host tensor instead. ``cache``: a
+    The mrope positions are one :class:`slabstage.MropeLayout` a request, or one ``[3, n]`` host tensor
+    (docs/hf.md, "mrope positions from a layout"). ``cache``: a
     :class:`~slabstage.hf.KVCache` the batch prefills into: ``prefix_lens`` is each chunk's start, ``req_indices``
     each request's ``req_index``, ``out_cache_loc`` the default layout's slots of the chunk's tokens
     (:meth:`KVCache.slots`; nothing is written). Without it, ``prefix_lens`` is 0, ``req_indices`` their places.
 
-    Every request is checked before anything is computed. Raises ``TypeError`` for a value of the wrong kind
-    and ``ValueError`` for ids that are not one prompt (``[L]`` or ``[1, L]``), a chunk outside its prompt,
-    grids that disagree with the placeholders, items out of their order or with other rows than their grid's,
-    media or grids given to a text-only model, a rope that depends on the sequence length (``dynamic``,
-    ``longrope``), two requests of one cache row, or a row or chunk outside the cache.
+    Every request is checked before anything is computed (docs/hf.md, "Checks"): ``TypeError`` for a value of
+    the wrong kind, ``ValueError`` for a wrong value, a length-dependent rope, two requests of one cache row,
+    or a row or chunk outside the cache.
     """
     fam = family_of(model, "pack_requests")
     device = None if device is None else torch.device(device)  # (None: the host)
