@@ -90,8 +90,7 @@ class PrefillGraphRunner:
         self.is_rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank(process_group) == 0
         self.progress = progress and self.is_rank0
         self.verify = verify
-        self._user_pool = pool
-        self.pool = pool
+        self.pool = self._user_pool = pool
         self.enforce_eager = check_bool("enforce_eager", enforce_eager)
         self.eager = self.enforce_eager or buffers.device.type != "cuda"
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
@@ -102,9 +101,7 @@ class PrefillGraphRunner:
         self._stager = None  # the stager the graphs were captured with
         self._signature = None
         self._said: set = set()  # the fallbacks already logged
-        self._replays: dict[int, int] = {}
-        self._eager: dict[str, int] = {}
-        self._padded = 0
+        self._clear_stats()  # replays by bucket, eager runs by reason code, padded rows
         self.last_bucket: int | None = None  # bucket of the last run, None when it ran eagerly
         self.last_fallback: str | None = None  # why the last run ran eagerly (None: it replayed)
         self.capture_seconds = 0.0
@@ -189,10 +186,7 @@ class PrefillGraphRunner:
         self._dropped.clear()
         self._pending.clear()
         self.checks, self.capture_seconds, self.capture_bytes = {}, 0.0, 0
-        self._route = []
-        self._signature = None
-        self._stager = None
-        self.pool = self._user_pool
+        self._route, self._signature, self._stager, self.pool = [], None, None, self._user_pool
         self._clear_stats()
         self.registry.unfreeze()
 
