@@ -1,14 +1,8 @@
 """EncoderCache: encoder outputs kept in the slab's format, staged by handle (docs/encoder_cache.md).
 
-One device arena of rows at the slab's width and dtype holds every cached item, its DeepStack column blocks side
-by side, zeros past its last block; an entry is a run of arena rows found by the caller's key (``bytes``, ``str``
-or ``int``, compared whole). A :class:`PrefillBatch`'s ``media`` may list :class:`Entry` handles (or parts of
-them): the kernel reads their rows where they lie, and the host reads no tensor. Least-recently-used entries are
-evicted when a new one needs room, to an optional pinned host tier (staged from there, through its device-mapped
-address) and then out. Every eviction or overwrite bumps the entry's generation: an older handle is refused, never
-read. Rows that queued work still reads are reused only after that work completes (a host far ahead waits for the
-oldest reader). Writes (``put``, ``reserve``'s view, demotion copies) are queued on the current stream; a cache
-belongs to one device and stages only into slabs on it.
+An entry is a run of rows of the device arena (or of the pinned host tier it is demoted to) found by its key.
+Its handle (:class:`Entry`) carries its generation, which every eviction or overwrite bumps: an older handle is
+refused, never read. Rows that queued work still reads are reused only after that work completes.
 """
 
 from __future__ import annotations
@@ -44,7 +38,7 @@ def _check_key(key):
 
 
 class EncoderCache:
-    """Encoder outputs of ``width`` columns in ``dtype`` on ``device`` (see the module docstring).
+    """Encoder outputs of ``width`` columns in ``dtype`` on ``device`` (docs/encoder_cache.md).
 
     ``device_budget_bytes`` / ``host_budget_bytes``: the arenas' sizes (whole rows of ``width`` x element
     bytes; the host tier is pinned when ``device`` is CUDA, absent when 0). Memory is allocated once, here.

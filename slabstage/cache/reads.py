@@ -1,14 +1,9 @@
-"""Which queued device work reads which cache entries, at no CUDA call per launch.
+"""Which queued device work reads which cache entries, at no CUDA call per launch (docs/encoder_cache.md).
 
-:meth:`Reads.note` is called by the stager right after it queues a launch (or a replay) that reads entries.
-It files under each entry read the stream's *mark*: one small object per stream, shared by every launch
-noted on that stream since the mark was last turned into an event. Only when an entry's rows are freed or
-rewritten (:meth:`Reads.take`: an eviction, an overwrite, a demotion) does its mark record a CUDA event on
-its stream; that event follows every launch filed under the mark (work on one stream completes in order),
-so it covers them, and later launches get a new mark. The staging hot path thus costs the host a dict
-lookup and one assignment per entry; an eviction costs one event record. The entry is evicted or
-overwritten only after its events complete (its rows go back to the free list with them). On the CPU every
-launch has finished when it returns: nothing is filed.
+:meth:`Reads.note` files the stream's *mark* under each entry a launch just queued reads; only when the entry's
+rows are freed or rewritten (:meth:`Reads.take`) does the mark record one CUDA event, which covers every launch
+filed under it (work on one stream completes in order). On the CPU nothing is filed: a launch has finished when
+it returns.
 """
 
 from __future__ import annotations

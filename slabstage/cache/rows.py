@@ -18,7 +18,6 @@ class Rows:
     before it is written again. Adjacent free runs that nobody reads merge."""
 
     def __init__(self, total: int) -> None:
-        self.total = total
         self.free = [[0, total, []]] if total else []  # sorted by start: [start, length, events]
 
     def free_rows(self) -> int:

@@ -7,8 +7,7 @@ from typing import Sequence, Union
 
 import torch
 
-from ..staging.validate import DEFAULTS
-from ..staging.validate import check_sources
+from ..staging.validate import DEFAULTS, check_sources
 from ..staging.slots import SOURCE_SLOTS
 
 __all__ = ["PrefillBatch", "Media"]

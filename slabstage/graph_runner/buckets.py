@@ -23,16 +23,12 @@ def default_token_buckets(max_num_tokens: int) -> list[int]:
     max_num_tokens = check_int("max_num_tokens", max_num_tokens, lo=1)
     sizes, lo = [], 0
     for hi, step in _BANDS:
-        if step is None:
-            s = 1
-            while s <= hi:
-                sizes.append(s)
-                s *= 2
+        if step is None:  # powers of two up to hi
+            sizes.extend(1 << i for i in range(hi.bit_length()))
         else:
             top = max_num_tokens if hi is None else hi
             sizes.extend(range(lo + step, top + 1, step))
         lo = hi if hi is not None else lo
         if hi is None or hi >= max_num_tokens:
             break
-    ladder = sorted({s for s in sizes if s < max_num_tokens} | {max_num_tokens})
-    return ladder
+    return sorted({s for s in sizes if s < max_num_tokens} | {max_num_tokens})

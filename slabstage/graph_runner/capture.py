@@ -54,13 +54,13 @@ class Captured:
 
 def _progress(buckets: list, enabled: bool):
     """``buckets``, behind a progress bar when ``enabled`` and tqdm (extra "progress") is installed."""
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return buckets
-        return tqdm(buckets, desc="slabstage capture", unit="graph", leave=False)
-    return buckets
+    if not enabled:
+        return buckets
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return buckets
+    return tqdm(buckets, desc="slabstage capture", unit="graph", leave=False)
 
 
 def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
@@ -101,7 +101,7 @@ def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buc
     torch.cuda.empty_cache()  # what the caching allocator holds unused would blur the memory measure
     reserved0, start = torch.cuda.memory_reserved(device), time.perf_counter()
     graphs, checks, dropped = {}, {}, {}
-    stream = capture_stream(device, "runner")
+    stream = capture_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     bucket = None
     try:
@@ -223,7 +223,7 @@ def _reset_capture_state(device: torch.device) -> None:
     generators then leave capture mode (otherwise the next random op outside a graph fails)."""
     try:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=capture_stream(device, "runner")):
+        with torch.cuda.graph(graph, stream=capture_stream(device)):
             pass
         del graph
     except Exception:  # noqa: BLE001 - nothing more to do; the error that got here is reported

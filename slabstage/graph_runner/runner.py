@@ -1,10 +1,7 @@
-"""PrefillGraphRunner: capture staging and the prefill forward per bucket, and replay them.
+"""PrefillGraphRunner: capture staging and the prefill forward per bucket, and replay them (docs/graphs.md).
 
-Each bucket's graph begins with the staging launch, which reads everything a batch
-changes from the stager's device parameter record. ``run()`` is: check the batch,
-write its parameter record into pinned memory, one host-to-device copy, one replay. Capture and
-its check are in :mod:`.capture`; where a batch runs, and the reason codes of an
-eager run, in :mod:`.routes`.
+Each bucket's graph begins with the staging launch, which reads the batch from the stager's device parameter
+record: ``run()`` checks the batch, writes its parameter record and replays.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import logging
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from ..checks import check_bool, check_choice, check_int, check_real
 from ..staging.stager import Stager
@@ -29,16 +27,6 @@ from .routes import (ABOVE_LARGEST, CAPTURING, EAGER, ENFORCE_EAGER, NO_CUDA, NO
 __all__ = ["PrefillGraphRunner", "CaptureError"]
 
 log = logging.getLogger("slabstage")
-
-Forward = Callable[[dict], Any]
-
-
-def _is_rank0(group) -> bool:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return True
-    return dist.get_rank(group) == 0
 
 
 class PrefillGraphRunner:
@@ -71,9 +59,10 @@ class PrefillGraphRunner:
             and says so once; ``"strict"`` raises :class:`CaptureError`; ``"off"`` skips it.
     """
 
-    def __init__(self, forward: Forward, buffers: StagingBuffers, *, buckets=None, max_padding_ratio: float = 2.0,
-                 enforce_eager: bool = False, pool=None, after_stage: Callable[[int], None] | None = None,
-                 progress: bool = True, process_group=None, verify: str = "warn") -> None:
+    def __init__(self, forward: Callable[[dict], Any], buffers: StagingBuffers, *, buckets=None,
+                 max_padding_ratio: float = 2.0, enforce_eager: bool = False, pool=None,
+                 after_stage: Callable[[int], None] | None = None, progress: bool = True, process_group=None,
+                 verify: str = "warn") -> None:
         if not callable(forward):
             raise TypeError(f"forward must be callable, got {type(forward).__name__}")
         if not isinstance(buffers, StagingBuffers):
@@ -98,11 +87,10 @@ class PrefillGraphRunner:
         self._ratio = ratio
         self.after_stage = after_stage
         self.process_group = process_group
-        self.is_rank0 = _is_rank0(process_group)
+        self.is_rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank(process_group) == 0
         self.progress = progress and self.is_rank0
         self.verify = verify
-        self._user_pool = pool
-        self.pool = pool
+        self.pool = self._user_pool = pool
         self.enforce_eager = check_bool("enforce_eager", enforce_eager)
         self.eager = self.enforce_eager or buffers.device.type != "cuda"
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
@@ -113,9 +101,7 @@ class PrefillGraphRunner:
         self._stager = None  # the stager the graphs were captured with
         self._signature = None
         self._said: set = set()  # the fallbacks already logged
-        self._replays: dict[int, int] = {}
-        self._eager: dict[str, int] = {}
-        self._padded = 0
+        self._clear_stats()  # replays by bucket, eager runs by reason code, padded rows
         self.last_bucket: int | None = None  # bucket of the last run, None when it ran eagerly
         self.last_fallback: str | None = None  # why the last run ran eagerly (None: it replayed)
         self.capture_seconds = 0.0
@@ -200,10 +186,7 @@ class PrefillGraphRunner:
         self._dropped.clear()
         self._pending.clear()
         self.checks, self.capture_seconds, self.capture_bytes = {}, 0.0, 0
-        self._route = []
-        self._signature = None
-        self._stager = None
-        self.pool = self._user_pool
+        self._route, self._signature, self._stager, self.pool = [], None, None, self._user_pool
         self._clear_stats()
         self.registry.unfreeze()
 

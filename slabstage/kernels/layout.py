@@ -1,40 +1,19 @@
-"""The staging kernel's parameter record, word by word: one name per word, for the host and the kernels alike.
+"""The staging kernel's parameter record, word by word: one name per word, for the host and the kernels alike
+(docs/design.md, "One kernel, one parameter record").
 
-Everything that changes from one batch to the next reaches the kernel as data in
-one parameter record of int64 words, not as launch arguments, so a captured launch serves
-every batch. Layout (word offsets):
+Everything a batch changes reaches the kernel as int64 words of one parameter record, not as launch arguments,
+so a captured launch serves every batch. Word offsets: the header (``H_*``); per integer slot
+(:data:`~slabstage.staging.slots.SLOTS` order) its source (``S_*``), then per slot its destination (``D_*``),
+the same for every batch of a stager, so every word a batch changes lies in one stretch at the start; then the
+item list (each item's first media row, then per item and column block its ``C_*`` words) or the mrope slot's
+segment list (``SEG_*``, built by :mod:`slabstage.staging.mrope`; its source is ``LAYOUT_CODE``: the list's
+address, then its segment count); then host integer inputs, each 16-byte aligned (their device address is the
+device parameter record's plus their offset).
 
-- the header (``H_*``): the step number, where the launch reports it (the ring's
-  ``done`` word for the host, a device counter for the fetch), the parameter record's length,
-  ``n``, the request count, vocabulary bounds, ``text_scale`` (fp32 bits),
-  switches (``F_*``), the table, the ids and ``media_index`` sources, the media
-  rows, items and column blocks, where the item list starts, ``pad_to`` (the rows to write: a
-  launch's grid may cover more);
-- per integer slot (:data:`~slabstage.staging.slots.SLOTS` order) its source
-  (``S_*``: address, dtype, row stride), then per slot its destination (``D_*``:
-  address, dtype, row stride, pad value, whether padded, kind, rows, length). The
-  destinations are the same for every batch of a stager, so every word a batch
-  changes lies in one stretch at the start;
-- the item list: each item's first media row, then per item and column block its
-  fields (``C_*``: address, row stride, first column, end column);
-- host integer inputs, each 16-byte aligned (their device address is the device
-  parameter record's plus their offset).
-
-Dtype codes: integers ``INT32_CODE``, ``INT64_CODE`` (``NO_INPUT``: no such input); floats ``FLOAT16_CODE``,
-``BFLOAT16_CODE``, ``FLOAT32_CODE``. A source of ``LAYOUT_CODE`` (the mrope slot's alone) is a segment list
-(``SEG_*`` words, below; built by
-:mod:`slabstage.staging.mrope`) in the parameter record: its address, then its segment count.
-
-Also here: the slot kinds (:data:`~slabstage.staging.slots.SLOTS`' ``kind``), the error word's bits and the
-mrope segment words.
-
-The kernels read every upper-case integer of this module under the same name, as an attribute of
-:data:`device` (``from .layout import device as K``; ``K.H_VOCAB_START``). A Triton launch compares each global
-its kernel reads with the value it was compiled with (7.6 µs a launch on the H200's host for some fifty of
-them), but not a module's attributes: :data:`device` is a module whose attributes are these values as
-``tl.constexpr``, and ``KEY``, their checksum, is the one global each kernel reads (it puts them into Triton's
-compile-cache key).
-
+The kernels read every upper-case integer here under the same name, as an attribute of :data:`device`
+(``from .layout import device as K``; ``K.H_VOCAB_START``). A Triton launch compares each global its kernel
+reads with the value it was compiled with (7.6 µs a launch on the H200's host for some fifty of them), but not
+a module's attributes; ``KEY``, their checksum, is the one global each kernel reads (it keys the compile cache).
 """
 
 from __future__ import annotations

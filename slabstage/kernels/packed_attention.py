@@ -15,11 +15,11 @@ PyTorch path (a loop over requests, SDPA each; reads the lengths on the host) fo
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from .runtime import INTERPRET
 
 __all__ = ["packed_attention", "packed_attention_reference", "request_offsets"]
 
@@ -144,10 +144,6 @@ def _config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     return 64, 64, 4, 3  # (H200, head dim 128, bf16: 0.51 ms a layer at 16 x 1024 against 0.67 for 128 x 64 tiles)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def block_m_for(head_dim: int, dtype: torch.dtype) -> int:
     return _config(head_dim, dtype)[0]
 
@@ -174,7 +170,7 @@ def packed_attention(q, k, v, offsets, scale: float, k_cache=None, v_cache=None,
         HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),  # (tl.dot takes K >= 16)
         BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_B=triton.next_power_of_2(B), HAS_CACHE=has_cache,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRET=_interpreting(),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRET=INTERPRET,
         num_warps=warps, num_stages=stages)
     return out
 
@@ -191,7 +187,7 @@ def packed_attention_reference(q, k, v, seq_lens, starts, prefix_lens, req_indic
     prefixes = prefix_lens.tolist() if k_cache is not None else [0] * len(lens)
     reqs = req_indices.tolist()
     if not any(lens):
-        lens, firsts, prefixes = [int(count.reshape(-1)[0])] + lens[1:], [0] + firsts[1:], prefixes
+        lens, firsts = [int(count.reshape(-1)[0])] + lens[1:], [0] + firsts[1:]
     for length, s, p, r in zip(lens, firsts, prefixes, reqs):
         if length <= 0:
             continue

@@ -1,48 +1,29 @@
-"""The staging kernel: a batch's embeddings and integer slots, read from one parameter record.
+"""The staging kernel: a batch's embeddings and integer slots, read from one parameter record
+(:mod:`slabstage.kernels.layout`; docs/design.md, "One kernel, one parameter record").
 
-One ``@triton.jit`` kernel serves every staging path (the runner's graphs and its
-eager path, ``stage_embeddings``, ``stage_token_inputs``, the custom ops). Its
-runtime arguments are fixed for a set of destinations: the parameter record, the
-error word, the slab. Everything a batch changes (``n``, ``pad_to``, the sources'
-addresses and dtypes, vocabulary bounds, ``text_scale``, the media items) is data
-in the parameter record (:mod:`slabstage.kernels.layout`, whose names the kernel reads
-under the same names), so a captured launch serves every
-batch. Constexprs are what the destinations fix: the slab's width and dtype, the
-columns of a row one program writes (``BLOCK``, Triton's block size), how many integer
-slots there are.
+Launch arguments are fixed for a set of destinations (the parameter record, the error word, the slab);
+constexprs are what the destinations fix: the slab's width and dtype, the columns of a row one program writes
+(``BLOCK``, Triton's block size), how many integer slots there are.
 
-Grid: with ``EMBED``, ``pad_to * ROW_PROGRAMS`` programs (or more: programs past
-``pad_to`` write nothing), one per ``BLOCK`` columns of a slab row. The integer
-slot rows come from the grid's first programs: program ``i`` also writes rows
-``[i * TOKEN_ROWS, (i + 1) * TOKEN_ROWS)`` of each integer slot, so that those chains of
-dependent loads (an mrope row's binary search, a source's rows one after another) run
-in the launch's first wave and never lengthen its last. Without ``EMBED``, one program
-per ``TOKEN_ROWS`` rows. Program 0 writes the per-request slots and the token count,
-and stores the step number into the ring's ``done`` word.
+Grid: with ``EMBED``, ``pad_to * ROW_PROGRAMS`` programs (or more: programs past ``pad_to`` write nothing), one
+per ``BLOCK`` columns of a slab row; program ``i`` also writes rows ``[i * TOKEN_ROWS, (i + 1) * TOKEN_ROWS)`` of
+each integer slot. Without ``EMBED``, one program per ``TOKEN_ROWS`` rows. Program 0 writes the per-request
+slots and the token count, and stores the step number into the ring's ``done`` word.
 
-A program's row is media, text or zeros (padding, a refused id or media index,
-media another rank owns): one arm runs. Sources of any dtype the host accepts are
-read through their address with the dtype the parameter record names (a uniform branch per
-program). Where the host found every address, row stride and bound in whole 16-byte
-vectors (``F_TEXT_VEC``, ``F_MEDIA_VEC``) the loads carry that promise and compile
-to 16-byte loads; otherwise the arm walks its piece ``PIECE`` columns at a time.
-
-Registers decide the speed: a thread's registers hold its loads in flight, and the
-kernel's registers are those of its largest arm. One-element loads take an address
-each, so an arm that made them over the whole ``BLOCK`` would set every launch's
-occupancy (218 registers a thread at 4096 bf16 columns, 4 warps: 2 programs an SM,
-half the copy ceiling); walking ``PIECE`` columns keeps it near the vector arm's (60-80).
+Registers decide the speed: the kernel's registers are those of its largest arm, so the arm without the host's
+16-byte promise (``F_TEXT_VEC``, ``F_MEDIA_VEC``: one address per element) walks its piece ``PIECE`` columns at
+a time (at 4096 bf16 columns and 4 warps, over the whole ``BLOCK`` it would take 218 registers a thread: 2
+programs an SM, half the copy ceiling).
 """
 
 from __future__ import annotations
 
 from .layout import device as K
 from .embed_rows import media_row, media_row_vec, text_row
-from .layout import FETCH_CHUNK, ITEM_CHUNK, TOKEN_ROWS
 from .runtime import next_pow2, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
-__all__ = ["stage_kernel", "fetch_kernel", "launch_settings", "TOKEN_ROWS", "ITEM_CHUNK", "FETCH_CHUNK"]
+__all__ = ["stage_kernel", "fetch_kernel", "launch_settings"]
 
 
 def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, req_rows: int) -> tuple[dict, int]:

@@ -36,7 +36,7 @@ from .validate import ELEM, LAYOUT_SLOT, Checked, Config, Inputs, check_batch
 
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream", "live_stagers"]
 
-_STREAMS: dict = {}  # (device, "runner") -> the side stream the runner captures on
+_STREAMS: dict = {}  # device -> the side stream the runner captures on
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every stager not yet collected
 _RETIRED: list = []  # [event or None, stream, held]: what a collected stager held, until its device work ends
 _RETIRED_LOCK = threading.Lock()
@@ -47,12 +47,12 @@ except ImportError:  # pragma: no cover - a torch without CUDA
     _raw_stream = None
 
 
-def capture_stream(device: torch.device, who: str = "runner") -> torch.cuda.Stream:
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
     """The side stream the runner captures on, one per device: cuBLAS keeps a workspace per stream it has run
     on (32 MiB on Hopper), so a fresh stream per capture would cost one more each time."""
-    stream = _STREAMS.get((device, who))
+    stream = _STREAMS.get(device)
     if stream is None:
-        stream = _STREAMS[device, who] = torch.cuda.Stream(device)
+        stream = _STREAMS[device] = torch.cuda.Stream(device)
     return stream
 
 
