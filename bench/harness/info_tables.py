@@ -24,21 +24,12 @@ def info_tables(data: dict) -> tuple[list[str], set[str]]:
     if capture:
         lines += capture
         covered.add("capture")
-    replay = _replay_lines([b.get("extra_info") or {} for b in data.get("benchmarks", [])
-                            if (b.get("extra_info") or {}).get("metric") == "replay"])
-    if replay:
-        lines += replay
-        covered.add("replay")
-    figures = _figures_lines([b.get("extra_info") or {} for b in data.get("benchmarks", [])
-                              if (b.get("extra_info") or {}).get("metric") == "figures"])
-    if figures:
-        lines += figures
-        covered.add("figures")
-    ab = _ab_lines([b.get("extra_info") or {} for b in data.get("benchmarks", [])
-                    if (b.get("extra_info") or {}).get("metric") == "ab"])
-    if ab:
-        lines += ab
-        covered.add("ab")
+    infos = [b.get("extra_info") or {} for b in data.get("benchmarks", [])]
+    for metric, table in (("replay", _replay_lines), ("figures", _figures_lines), ("ab", _ab_lines)):
+        found = table([i for i in infos if i.get("metric") == metric])
+        if found:
+            lines += found
+            covered.add(metric)
     return lines, covered
 
 
