@@ -1,4 +1,7 @@
-"""Build ``media_index`` (row -> media row, -1 for text) from what engines already have."""
+"""Build ``media_index`` (row -> media row, -1 for text) from what engines already have.
+
+Kernel (from a mask): ``slabstage/kernels/media_index.py``; tests: ``tests/ops/test_media_index.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """stage_embeddings: text rows gathered, media rows scattered, padding zeroed, one launch (through the stager of
-the slab's storage: :mod:`slabstage.staging.op_stagers`)."""
+the slab's storage: :mod:`slabstage.staging.op_stagers`).
+
+Kernel: ``slabstage/kernels/stage_kernel.py::stage_kernel`` (every staging path's); PyTorch reference:
+:func:`slabstage.staging.reference.stage_embeddings_reference`; tests: ``tests/ops/test_stage_embeddings.py``;
+benchmark: ``bench/bench_stage_embeddings.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""stage_token_inputs: every integer slot of a batch copied and padded in one launch."""
+"""stage_token_inputs: every integer slot of a batch copied and padded in one launch.
+
+Kernel: ``slabstage/kernels/stage_kernel.py::stage_kernel`` without its embedding arm; tests:
+``tests/ops/test_stage_token_inputs.py``; benchmark: ``bench/bench_stage_token_inputs.py``.
+"""
 
 from __future__ import annotations
 
