@@ -140,7 +140,7 @@ def configuration(dst: Destinations | None, vals: tuple, forms: dict, embed: boo
     return config, reads
 
 
-# what check_sources checks a batch against: every slot, no host block, no narrowing
+# what check_sources checks a batch against: every slot, no host inputs in a parameter record, no narrowing
 _ANYWHERE = SimpleNamespace(host=False, slots=(SimpleNamespace(dtype=torch.int64),) * len(SOURCES),
                             bits=(64,) * len(SOURCES))
 
@@ -375,7 +375,7 @@ def _refuse(misfit: tuple) -> None:
 
 def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
     """The media items' and the mrope segments' lists fit the parameter record's room for them (on every path:
-    the reference has no block, and answers as the kernel does)."""
+    the reference has no parameter record, and answers as the kernel does)."""
     item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
     seg_words = 0 if segments is None else len(segments)
     if item_words + seg_words > MAX_ITEM_WORDS:
