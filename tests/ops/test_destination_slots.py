@@ -6,17 +6,14 @@ import pytest
 import torch
 import slabstage as ss
 
-from builders import assert_registry_unchanged, ids_and_table, registry_snapshot, staging_buffers  # noqa: I001 - tests/builders.py
+from builders import assert_registry_unchanged as _unchanged, ids_and_table, registry_snapshot as _snapshot  # noqa: I001
+from builders import staging_buffers  # noqa: I001 - tests/builders.py
 
 V, W, T = 40, 24, 64
 
 
 def _buffers(device="cpu", **kw):
     return staging_buffers(T, W, device, **kw)
-
-
-_snapshot = registry_snapshot
-_unchanged = assert_registry_unchanged
 
 
 def _inputs(n=10, seed=0):
