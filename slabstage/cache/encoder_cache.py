@@ -74,6 +74,9 @@ class EncoderCache:
         self.handles: list = []  # per slot: the handle of its whole entry (made once a generation: a hit is a lookup)
         self._spare: list = []  # free slots
         self.vec = not (self.row_bytes & 15 or self.bases[0] & 15 or (self.host.numel() and self.bases[1] & 15))
+        self._spans = [(f"the encoder cache's {name} rows", base, base + t.shape[0] * self.row_bytes)
+                       for name, base, t in zip(("device", "host"), self.bases, self.arenas) if t.shape[0]]
+        self.span_lows, self.span_highs = [s[1] for s in self._spans], [s[2] for s in self._spans]
 
     # -- filling ---------------------------------------------------------------------------
     def put(self, key, value) -> Entry:
@@ -186,9 +189,9 @@ class EncoderCache:
         return starts, fields, starts.pop(), slots
 
     def spans(self) -> list:
-        """``(name, first byte, end byte)`` of the arenas (what a staging call checks its destinations against)."""
-        return [(f"the encoder cache's {name} rows", base, base + t.shape[0] * self.row_bytes)
-                for name, base, t in zip(("device", "host"), self.bases, self.arenas) if t.shape[0]]
+        """``(name, first byte, end byte)`` of the arenas (what a staging call checks its destinations against;
+        ``span_lows`` and ``span_highs`` hold their first and end bytes)."""
+        return self._spans
 
     # -- entries ---------------------------------------------------------------------------
     def _view(self, slot: int) -> torch.Tensor:

@@ -5,10 +5,12 @@ Launch arguments are fixed for a set of destinations (the parameter record, the 
 constexprs are what the destinations fix: the slab's width and dtype, the columns of a row one program writes
 (``BLOCK``, Triton's block size), how many integer slots there are.
 
-Grid: with ``EMBED``, ``pad_to * ROW_PROGRAMS`` programs (or more: programs past ``pad_to`` write nothing), one
-per ``BLOCK`` columns of a slab row; program ``i`` also writes rows ``[i * TOKEN_ROWS, (i + 1) * TOKEN_ROWS)`` of
-each integer slot. Without ``EMBED``, one program per ``TOKEN_ROWS`` rows. Program 0 writes the per-request
-slots and the token count, and stores the step number into the ring's ``done`` word.
+Grid (:func:`grid_size`): first ``NUM_SLOTS`` programs per ``TOKEN_ROWS`` rows of ``pad_to`` (at least one
+block), program ``i`` of them writing rows ``[(i // NUM_SLOTS) * TOKEN_ROWS, ...)`` of integer slot ``i % NUM_SLOTS``
+(the first block's also the per-request slots and the token count); then, with ``EMBED``, ``pad_to *
+ROW_PROGRAMS`` programs, one per ``BLOCK`` columns of a slab row (programs past them write nothing). A slot's
+chain of dependent loads runs in a program of its own, in the launch's first wave, beside the slab rows' rather
+than before one of them. Program 0 stores the step number into the ring's ``done`` word.
 
 Registers decide the speed: the kernel's registers are those of its largest arm, so the arm without the host's
 16-byte promise (``F_TEXT_VEC``, ``F_MEDIA_VEC``: one address per element) walks its piece ``PIECE`` columns at
@@ -23,7 +25,7 @@ from .embed_rows import media_row, media_row_vec, text_row
 from .runtime import next_pow2, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
-__all__ = ["stage_kernel", "fetch_kernel", "launch_settings"]
+__all__ = ["stage_kernel", "fetch_kernel", "launch_settings", "grid_size"]
 
 
 def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, req_rows: int) -> tuple[dict, int]:
@@ -36,6 +38,12 @@ def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, r
         piece = min(block, 32 * num_warps * 8 // elem_bytes)  # unpromised loads: 8 bytes a thread at a time
     return dict(EMBED=width is not None, WIDTH=width or 1, BLOCK=block, ROW_PROGRAMS=-(-(width or 1) // block),
                 NUM_SLOTS=num_slots, REQ_BLOCK=next_pow2(req_rows), PIECE=piece), num_warps
+
+
+def grid_size(pad_to: int, num_slots: int, row_programs: int) -> int:
+    """Programs of a :func:`stage_kernel` launch for ``pad_to`` rows: ``num_slots`` a ``TOKEN_ROWS`` block of
+    them (one block at least), then ``row_programs`` a slab row (0: no slab)."""
+    return -(-max(pad_to, 1) // K.TOKEN_ROWS) * num_slots + pad_to * row_programs
 
 
 if triton is not None:
@@ -53,38 +61,42 @@ if triton is not None:
             step = tl.load(params_ptr + K.H_STEP)
             tl.store(tl.load(params_ptr + K.H_COUNTER).to(tl.pointer_type(tl.int64)), step)
             tl.store(tl.load(params_ptr + K.H_DONE).to(tl.pointer_type(tl.int64)), step)
-        if EMBED:
-            row = (pid // ROW_PROGRAMS).to(tl.int64)
-            col0 = ((pid % ROW_PROGRAMS) * BLOCK).to(tl.int64)
+        slot_programs = 0
         if NUM_SLOTS > 0:
-            # program i writes integer rows [i * TOKEN_ROWS, (i + 1) * TOKEN_ROWS): the grid's first programs take
-            # them all, so that their chains of dependent loads run in the launch's first wave, never lengthen its last
-            tok0 = pid.to(tl.int64) * K.TOKEN_ROWS
-            if tok0 < tl.maximum(pad_to, 1):  # (program 0 always: it writes the token count)
+            # program i < slot_programs writes integer slot i % NUM_SLOTS, rows [tok0, tok0 + TOKEN_ROWS): the
+            # grid's first programs, so that their chains of dependent loads run in the launch's first wave, each
+            # in a program of its own
+            slot_programs = tl.cdiv(tl.maximum(pad_to, 1), K.TOKEN_ROWS) * NUM_SLOTS
+            if pid < slot_programs:
+                tok0 = (pid // NUM_SLOTS).to(tl.int64) * K.TOKEN_ROWS
                 offs_t = tok0 + tl.arange(0, K.TOKEN_ROWS)
-                for s in tl.static_range(NUM_SLOTS):
-                    sd = params_ptr + K.HEADER_WORDS + s * K.SOURCE_WORDS
-                    dd = params_ptr + K.HEADER_WORDS + NUM_SLOTS * K.SOURCE_WORDS + s * K.DEST_WORDS
-                    kind = tl.load(dd + K.D_KIND)
-                    if tl.load(dd + K.D_DTYPE) != K.NO_INPUT:  # a slot this stager writes
-                        if kind == K.COUNT:
+                this = pid % NUM_SLOTS
+                sd = params_ptr + K.HEADER_WORDS + this * K.SOURCE_WORDS
+                dd = params_ptr + K.HEADER_WORDS + NUM_SLOTS * K.SOURCE_WORDS + this * K.DEST_WORDS
+                kind = tl.load(dd + K.D_KIND)
+                if tl.load(dd + K.D_DTYPE) != K.NO_INPUT:  # a slot this stager writes
+                    if kind == K.COUNT:
+                        if tok0 == 0:
+                            store_ints(tl.load(dd + K.D_ADDR), tl.load(dd + K.D_DTYPE), 0, n, True)
+                    elif tl.load(sd + K.S_DTYPE) != K.NO_INPUT:  # a source this batch gives
+                        if kind == K.REQUESTS:
                             if tok0 == 0:
-                                store_ints(tl.load(dd + K.D_ADDR), tl.load(dd + K.D_DTYPE), 0, n, True)
-                        elif tl.load(sd + K.S_DTYPE) != K.NO_INPUT:  # a source this batch gives
-                            if kind == K.REQUESTS:
-                                if tok0 == 0:
-                                    copy_pad(sd, dd, errors_ptr, tl.arange(0, REQ_BLOCK), tl.load(params_ptr + K.H_B),
-                                              tl.load(dd + K.D_LENGTH), 0)
-                            elif tl.load(sd + K.S_DTYPE) == K.LAYOUT_CODE:  # mrope positions from their layout
-                                mrope_rows(sd, dd, errors_ptr, offs_t, n, pad_to)
-                            else:
-                                r = 0
-                                rows = tl.load(dd + K.D_ROWS)
-                                while r < rows:
-                                    copy_pad(sd, dd, errors_ptr, offs_t, n, pad_to, r)
-                                    r += 1
+                                copy_pad(sd, dd, errors_ptr, tl.arange(0, REQ_BLOCK), tl.load(params_ptr + K.H_B),
+                                          tl.load(dd + K.D_LENGTH), 0)
+                        elif tl.load(sd + K.S_DTYPE) == K.LAYOUT_CODE:  # mrope positions from their layout
+                            mrope_rows(sd, dd, errors_ptr, offs_t, n, pad_to)
+                        else:
+                            r = 0
+                            rows = tl.load(dd + K.D_ROWS)
+                            while r < rows:
+                                copy_pad(sd, dd, errors_ptr, offs_t, n, pad_to, r)
+                                r += 1
 
         if EMBED:
+            # the slab's programs follow the slots'; a slot's program stages no slab row (row pad_to: past them)
+            e = pid - slot_programs
+            row = tl.where(e >= 0, e // ROW_PROGRAMS, pad_to).to(tl.int64)
+            col0 = (tl.maximum(e, 0) % ROW_PROGRAMS * BLOCK).to(tl.int64)
             OUT: tl.constexpr = slab_ptr.dtype.element_ty
             # the header words that sort the row, loaded before any branch (one round trip to the cache); an
             # arm loads its own from the lines these brought in, so that only the arm that runs holds them
@@ -177,7 +189,10 @@ if triton is not None:
         tl.static_assert(_KEY >= 0)
         src = ring_ptr + ((tl.load(counter_ptr) + 1) % k) * slot_words
         offs = tl.program_id(0).to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+        # the words and their count are read together (one round trip to pinned memory, not two); words past the
+        # count are read from the slot but never stored
+        words = tl.load(src + offs, mask=offs < slot_words, other=0)
         keep = offs < tl.load(src + K.H_WORDS)
-        tl.store(params_ptr + offs, tl.load(src + offs, mask=keep, other=0), mask=keep)
+        tl.store(params_ptr + offs, words, mask=keep)
 else:  # pragma: no cover
     stage_kernel = fetch_kernel = None

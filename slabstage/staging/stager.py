@@ -24,9 +24,9 @@ from ..kernels.layout import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F
                               H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE, H_ITEMS, H_N, H_NUM_MEDIA, H_PAD_TO, H_SCALE, H_STEP,
                               H_TABLE, H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS,
                               HEADER_WORDS, INT_CODE, LAYOUT_CODE, MAX_ITEM_WORDS, REQUESTS, ROWS, S_ADDR, S_DTYPE,
-                              S_STRIDE, SEGMENT_WORDS, SOURCE_WORDS, TOKEN_ROWS)
+                              S_STRIDE, SEGMENT_WORDS, SOURCE_WORDS)
 from ..kernels.runtime import launch_lock, next_pow2, use_triton
-from ..kernels.stage_kernel import fetch_kernel, launch_settings, stage_kernel
+from ..kernels.stage_kernel import fetch_kernel, grid_size, launch_settings, stage_kernel
 from .destinations import Destinations
 from .mrope import float_word
 from .reference import stage_reference
@@ -362,8 +362,7 @@ class Stager:
         return self._where[1]
 
     def _grid(self, pad_to: int) -> int:
-        grid = pad_to * self.row_programs if self.dst.slab is not None else -(-pad_to // TOKEN_ROWS)
-        return max(grid, 1) if self.num_slots else grid  # program 0 writes the token count, the requests
+        return grid_size(pad_to, self.num_slots, self.row_programs if self.dst.slab is not None else 0)
 
     def _kernel(self, grid: int, params: torch.Tensor) -> None:
         dst = self.dst

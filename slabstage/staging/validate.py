@@ -515,9 +515,8 @@ def _entries_plan(media, kinds: set, device: torch.device, slab_width: int, text
         raise ValueError(f"media item 0 is an entry of an EncoderCache on {cache.device}; expected {device}")
     starts, fields, rows, slots = cache.locate(media)
     check_media_width("media (cache entries)", cache.width, slab_width, text_width, expand)
-    spans = cache.spans()
-    return MediaPlan(media, rows, cache.width, cache.dtype, starts, fields, 1, cache.vec, [s[1] for s in spans],
-                     [s[2] for s in spans], (cache, slots))
+    return MediaPlan(media, rows, cache.width, cache.dtype, starts, fields, 1, cache.vec, cache.span_lows,
+                     cache.span_highs, (cache, slots))
 
 
 def _items(media) -> tuple:

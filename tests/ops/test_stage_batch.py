@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import slabstage as ss
+from expected import expected_slab  # noqa: I001 - tests/expected.py
 from slabstage.staging.stager import stage_batch
 
 
@@ -52,6 +53,37 @@ def test_fused_equals_separate_ops(device, n, pad_to, expand, host):
     assert torch.equal(fused.errors, separate.errors)
     assert torch.isnan(fused.input_embeds[pad_to:].float()).all()
     assert (fused.input_ids[pad_to:] == -7).all()
+
+
+@pytest.mark.parametrize("n, pad_to", [(200, 256), (300, 385)])
+def test_slab_and_slots_over_several_token_blocks(device, n, pad_to):
+    """The slots' programs come first in the grid, the slab rows' after them: against independent expectations,
+    every slab row and every slot row of every 128-row block is written, and nothing past ``pad_to``."""
+    g = torch.Generator().manual_seed(n)
+    buf = ss.StagingBuffers.allocate(max_num_tokens=400, max_batch_size=5, embed_width=48,
+                                     embed_dtype=torch.float32, device=device, mrope=True)
+    _poison(buf)
+    before = buf.input_embeds.clone()
+    table = torch.randn(57, 48, generator=g).to(device)
+    media = torch.randn(60, 48, generator=g).to(device)
+    ids = torch.randint(0, 57, (n,), generator=g)
+    index = ss.media_index_from_spans([(s, 6, s // 20) for s in range(3, n - 6, 20)], n, device="cpu")
+    inputs = dict(positions=torch.randint(1, 1000, (n,), generator=g),
+                  out_cache_loc=torch.randint(1, 10**6, (n,), generator=g),
+                  mrope_positions=torch.randint(1, 1000, (3, n), generator=g),
+                  seq_lens=torch.tensor([n - 50, 50], dtype=torch.int32))
+    stage_batch(buf, input_ids=ids.to(device), table=table, media=media, media_index=index.to(device), pad_to=pad_to,
+                **{k: v.to(device) for k, v in inputs.items()})
+    slab, word = expected_slab(before, ids, table, media, index, pad_to=pad_to)
+    assert torch.equal(buf.input_embeds.cpu().nan_to_num(123.0), slab.nan_to_num(123.0))
+    assert buf.errors.cpu().tolist() == word
+    for name, src in dict(input_ids=ids, **inputs).items():
+        now = buf.registry[name].cpu()
+        stop, limit = (2, 5) if name == "seq_lens" else (n, pad_to)
+        assert torch.equal(now[..., :stop], src.to(now.dtype)), name
+        assert (now[..., stop:limit] == 0).all(), name
+        assert (now[..., limit:] == -7).all(), name
+    assert buf.registry["num_tokens_non_padded"].cpu().tolist() == [n]
 
 
 def test_fused_checks_before_writing(device):

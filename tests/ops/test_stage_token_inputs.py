@@ -70,6 +70,18 @@ def test_all_slots(n, pad, b, device):
     check(buf, before, inputs, n, n + pad)
 
 
+@pytest.mark.parametrize("n, pad_to", [(127, 128), (128, 129), (300, 385), (385, 385)])
+def test_every_token_block(n, pad_to, device):
+    """A program per slot and 128-row block: every block of every slot written, the last one partly, the
+    padding past the last real row in whichever block it falls."""
+    g = torch.Generator().manual_seed(n + pad_to)
+    buf = allocate(device, T=400)
+    before = poison(buf)
+    inputs = make_inputs(g, n, 5, device)
+    stage_token_inputs(buf, pad_to=pad_to, **inputs)
+    check(buf, before, inputs, n, pad_to)
+
+
 @pytest.mark.parametrize("src_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("cache_loc_dtype", [torch.int32, torch.int64])
 def test_int_dtypes(src_dtype, cache_loc_dtype, device):
