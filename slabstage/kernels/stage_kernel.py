@@ -188,11 +188,15 @@ if triton is not None:
         nothing). The first launch of every captured graph."""
         tl.static_assert(_KEY >= 0)
         src = ring_ptr + ((tl.load(counter_ptr) + 1) % k) * slot_words
-        offs = tl.program_id(0).to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
-        # the words and their count are read together (one round trip to pinned memory, not two); words past the
-        # count are read from the slot but never stored
-        words = tl.load(src + offs, mask=offs < slot_words, other=0)
-        keep = offs < tl.load(src + K.H_WORDS)
+        pid = tl.program_id(0)
+        offs = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+        if pid == 0:  # the header's chunk, read with the count (one round trip to pinned memory, not two; the
+            # words past the count are read but not stored)
+            words = tl.load(src + offs, mask=offs < slot_words, other=0)
+            keep = offs < tl.load(src + K.H_WORDS)
+        else:  # the other chunks only as far as the count: the grid covers the largest record of the bucket
+            keep = offs < tl.load(src + K.H_WORDS)
+            words = tl.load(src + offs, mask=keep, other=0)
         tl.store(params_ptr + offs, words, mask=keep)
 else:  # pragma: no cover
     stage_kernel = fetch_kernel = None
