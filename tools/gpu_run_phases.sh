@@ -36,6 +36,8 @@ for phase in "$@"; do
     figures) run figures python3 bench/run.py --results bench/results --suite new_inputs ;;
     cache) run cache python3 bench/run.py --results bench/results --suite encoder_cache ;;  # the encoder cache's A/B
     engine) run engine python3 bench/run.py --results bench/results --suite prefill --suite generate ;;  # README's rows
+    kernel) run kernel python3 -m pytest tests/ops tests/cache tests/runner -q -m "not slow" -k cuda \
+              -p no:cacheprovider -rfEs ;;  # the kernels, the cache and the runner on CUDA
     quick) run quick python3 -m pytest tests/runner/test_graph_runner.py tests/ops/test_stage_batch.py \
              tests/runner/test_profile_ranges.py -q -p no:cacheprovider -rfEs ;;
     probe_mem) run probe_mem python3 tools/probe_capture_memory.py --json "$LOG/probe_mem.json" ;;
