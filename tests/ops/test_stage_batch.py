@@ -55,17 +55,18 @@ def test_fused_equals_separate_ops(device, n, pad_to, expand, host):
     assert (fused.input_ids[pad_to:] == -7).all()
 
 
-@pytest.mark.parametrize("n, pad_to", [(200, 256), (300, 385)])
-def test_slab_and_slots_over_several_token_blocks(device, n, pad_to):
-    """The slots' programs come first in the grid, the slab rows' after them: against independent expectations,
-    every slab row and every slot row of every 128-row block is written, and nothing past ``pad_to``."""
+@pytest.mark.parametrize("n, pad_to, width", [(200, 256, 48), (300, 385, 48), (150, 260, 2100)])
+def test_slab_and_slots_over_several_token_blocks(device, n, pad_to, width):
+    """The slots' programs come first in the grid, the slab rows' after them (2100 fp32 columns: two programs a
+    row): against independent expectations, every slab row and every slot row of every 128-row block is
+    written, and nothing past ``pad_to``."""
     g = torch.Generator().manual_seed(n)
-    buf = ss.StagingBuffers.allocate(max_num_tokens=400, max_batch_size=5, embed_width=48,
+    buf = ss.StagingBuffers.allocate(max_num_tokens=400, max_batch_size=5, embed_width=width,
                                      embed_dtype=torch.float32, device=device, mrope=True)
     _poison(buf)
     before = buf.input_embeds.clone()
-    table = torch.randn(57, 48, generator=g).to(device)
-    media = torch.randn(60, 48, generator=g).to(device)
+    table = torch.randn(57, width, generator=g).to(device)
+    media = torch.randn(60, width, generator=g).to(device)
     ids = torch.randint(0, 57, (n,), generator=g)
     index = ss.media_index_from_spans([(s, 6, s // 20) for s in range(3, n - 6, 20)], n, device="cpu")
     inputs = dict(positions=torch.randint(1, 1000, (n,), generator=g),
