@@ -23,7 +23,9 @@ loop's wall time. Cases (bf16):
   host-to-device copy of the same media bytes (<= 1.1x);
 - ``test_replay``: device time of a runner's replay (fetch, staging, a forward of almost nothing) at 256 /
   2048 / 8192 x 4096, half media rows in 16 entries, against LightLLM's kernel (``peer_lightllm.py``) plus the
-  same forward captured in a graph by hand (<= 1.2x);
+  same forward captured in a graph by hand (<= 1.2x); then ``PROFILED_STEPS`` replays of each side under
+  torch.profiler: each kernel's device time and the span from the first kernel's start to the last one's end
+  (``extra_info["profile"]``);
 - ``test_get_many``: host time of ``EncoderCache.get_many`` of 16 keys alone (a plain host-time benchmark).
 
 Without CUDA the device-time cases skip and the others run once at tiny sizes through the Triton
@@ -41,6 +43,7 @@ import torch.nn.functional as F
 
 import slabstage as ss
 from slabstage.cache import EncoderCache
+from harness.profile import profile_steps
 from peer_lightllm import image_ranges, lightllm_style_stage
 
 HAS_CUDA = torch.cuda.is_available()
@@ -48,6 +51,7 @@ DEV = torch.device("cuda" if HAS_CUDA else "cpu")
 BF16 = torch.bfloat16
 SUITE = "encoder_cache"
 ITEMS, NEW_PER_STEP, POOL = 16, 2, 8
+PROFILED_STEPS = 20  # replays of each side under torch.profiler (test_replay's breakdown)
 WIDTH = 4096 if HAS_CUDA else 64
 HOST_TOKENS = 256 if HAS_CUDA else 32
 BIG = 8192 if HAS_CUDA else 64
@@ -350,3 +354,7 @@ def test_replay(benchmark, request, between_rounds, n):
        ours=lambda _: runner.run(batch), reference=lambda _: graph.replay(), target=1.2, case="replay device",
        impl=f"runner replay ({ITEMS} entries)", reference_impl="LightLLM kernel + forward in a graph", tokens=n,
        width=width)
+    # where each side's device time goes: its kernels one by one, and the span from the first one's start to the
+    # last one's end (the kernels and the gaps between them)
+    benchmark.extra_info["profile"] = profile_steps({"ours": lambda: runner.run(batch), "reference": graph.replay},
+                                                    PROFILED_STEPS, "bench_encoder_cache")

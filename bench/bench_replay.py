@@ -36,11 +36,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 import torch
+
+from harness.profile import profile_steps
 
 HAS_CUDA = torch.cuda.is_available()
 SUITE = "replay"
@@ -132,42 +133,6 @@ def _wall_us(runner, batch) -> float:
     return (time.perf_counter() - start) * 1e6
 
 
-def _profile(steps: dict, n_steps: int) -> dict:
-    """``{name: figures}`` for ``steps = {name: fn}``: ``n_steps`` calls of each under torch.profiler, medians."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for name, fn in steps.items():
-            for _ in range(n_steps):
-                with record_function(f"bench_replay.{name}"):
-                    fn()
-                    torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f).get("traceEvents", [])
-    return {name: step_figures(events, f"bench_replay.{name}") for name in steps}
-
-
-def step_figures(events: list, name: str) -> dict:
-    """Medians over the ranges ``name`` of a Chrome trace: ``wall_us`` (the range), ``kernel_us`` (the kernels
-    that ran inside it, summed), ``kernels`` (their count), ``copy_us`` (memcpy and memset) and ``span_us``
-    (first GPU activity's start to the last one's end). A GPU event belongs to the range its midpoint is in."""
-    steps = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == name and "dur" in e]
-    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
-    per = []
-    for s in steps:
-        lo, hi = float(s["ts"]), float(s["ts"]) + float(s["dur"])
-        inside = [e for e in gpu if lo <= float(e["ts"]) + float(e["dur"]) / 2 <= hi]
-        kernels = [float(e["dur"]) for e in inside if e["cat"] == "kernel"]
-        span = (max(float(e["ts"]) + float(e["dur"]) for e in inside) - min(float(e["ts"]) for e in inside)
-                if inside else 0.0)
-        per.append(dict(wall_us=hi - lo, kernel_us=sum(kernels), kernels=len(kernels),
-                        copy_us=sum(float(e["dur"]) for e in inside if e["cat"] != "kernel"), span_us=span))
-    return {k: statistics.median(p[k] for p in per) for k in per[0]} if per else {}
-
-
 def _capture(runner) -> str | None:
     """``runner.capture()``; None, or the :class:`slabstage.CaptureError`'s message."""
     import slabstage as ss
@@ -219,8 +184,8 @@ def work(model_name: str, attn: str, variant: str, what: str, layers: int = 4, m
                               max_abs_diff=(replayed.float() - reference.float()).abs().max().item()))
         stats = runner.stats()
         for row, batch in zip(sizes, batches):  # profiled last: the profiler's set-up stays out of the rest
-            row["profile"] = _profile({"replay": lambda b=batch: runner.run(b), "eager": lambda b=batch: eager.run(b)},
-                                      PROFILED_STEPS)
+            row["profile"] = profile_steps({"replay": lambda b=batch: runner.run(b),
+                                           "eager": lambda b=batch: eager.run(b)}, PROFILED_STEPS, "bench_replay")
             kernels = row["profile"]["replay"].get("kernel_us")
             row["host_overhead_us"] = row["replay_median_us"] - kernels if kernels else None
     checks = runner.checks.values()

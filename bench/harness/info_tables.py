@@ -57,6 +57,20 @@ def _ab_lines(infos: list[dict]) -> list[str]:
         out.append(f"| {i.get('case')} | {i.get('tokens', '')} | {i.get('impl')} | {fmt_us(i['ours_us'])} | "
                    f"{i.get('reference_impl')} | {fmt_us(i['reference_us'])} | {i['ratio']:.3f} | {i['target']} | "
                    f"{'yes' if i['met'] else 'no'} |")
+    return out + [""] + _ab_profile_lines([i for i in infos if i.get("profile")])
+
+
+def _ab_profile_lines(infos: list[dict]) -> list[str]:
+    """Where each side's device time goes (torch.profiler): its kernels one by one and their span."""
+    if not infos:
+        return []
+    out = ["## Where the device time goes (torch.profiler, medians; span: first kernel's start to the last one's "
+           "end)", "", "| case | tokens | side | span | kernels (µs each) |", "| --- | ---: | --- | ---: | --- |"]
+    for i in infos:
+        for side, p in i["profile"].items():
+            kernels = "; ".join(f"{name.replace('|', '/')} {us:.1f}" for name, us in (p.get("by_kernel") or {}).items())
+            out.append(f"| {i.get('case')} | {i.get('tokens', '')} | {side} | {fmt_us(p.get('span_us', 0.0))} | "
+                       f"{kernels or '–'} |")
     return out + [""]
 
 

@@ -11,6 +11,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 RESULTS = BENCH / "results"
 sys.path.insert(0, str(BENCH))  # the harness lives beside the suites, not in the package
 try:
+    from harness.profile import step_figures
     from harness.report import markdown
 finally:
     sys.path.remove(str(BENCH))
@@ -79,6 +80,31 @@ def test_ab_comparisons_are_shown_with_their_ratio_and_target_not_as_a_loop_wall
     assert "| test_run_host[entries] |" not in text
     row = "| run() host | 256 | 16 cached entries | 36.0 µs | one media tensor | 32.0 µs | 1.125 | <=1.2 | yes |"
     assert row in text
+
+
+def test_a_replays_profile_is_shown_kernel_by_kernel():
+    profile = {"ours": dict(span_us=11.5, by_kernel={"fetch_kernel": 2.1, "stage_kernel": 3.9, "mul": 1.5}),
+               "reference": dict(span_us=6.0, by_kernel={"_lightllm_style_kernel": 3.2, "mul": 1.5})}
+    info = dict(suite="encoder_cache", metric="ab", measure="device", case="replay device", impl="runner replay",
+                reference_impl="LightLLM kernel + forward in a graph", tokens=256, ours_us=15.0, reference_us=7.0,
+                ratio=2.14, target="<=1.2", met=False, rounds=100, profile=profile)
+    text = markdown("encoder_cache", _doc([{"name": "test_replay[256]", "stats": {"median": 0.5},
+                                            "extra_info": info}]))
+    assert "| replay device | 256 | ours | 11.5 µs | fetch_kernel 2.1; stage_kernel 3.9; mul 1.5 |" in text
+    assert "| replay device | 256 | reference | 6.0 µs | _lightllm_style_kernel 3.2; mul 1.5 |" in text
+
+
+def test_step_figures_sum_the_gpu_work_inside_each_range_by_kernel():
+    def ev(cat, name, ts, dur):
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur}
+    events = [ev("user_annotation", "s.ours", 0, 100), ev("user_annotation", "s.ours", 200, 100),
+              ev("kernel", "fetch", 10, 2), ev("kernel", "stage", 14, 4), ev("gpu_memcpy", "copy", 20, 1),
+              ev("kernel", "fetch", 210, 4), ev("kernel", "stage", 216, 6),
+              ev("kernel", "elsewhere", 150, 5)]  # in no range: not counted
+    fig = step_figures(events, "s.ours")
+    assert fig["by_kernel"] == {"fetch": 3.0, "stage": 5.0}
+    assert fig["kernels"] == 2 and fig["kernel_us"] == 8.0 and fig["copy_us"] == 0.5 and fig["span_us"] == 11.5
+    assert step_figures(events, "s.other") == {}
 
 
 def test_the_report_script_writes_each_suites_tables_from_their_json(tmp_path):
