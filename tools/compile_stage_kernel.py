@@ -10,7 +10,9 @@ promises 16-byte alignment (taken when the host found it) and one that promises 
 the media path must have them (``expected_v4``); if a change loses the promise, they fall back to
 scalar loads and the count drops. ``registers`` is what ptxas allots a thread: with 4 warps a
 program, an SM holds ``65536 // (128 * registers)`` programs and their loads in flight, so it bounds
-the kernel's bandwidth (see the kernel's docstring). tests/ops/test_stage_kernel_codegen.py runs it.
+the kernel's bandwidth (see the kernel's docstring). ``compile_s`` is the compile's wall time from an empty
+cache (the PTX and ptxas's cubin, the first-run cost a process pays per configuration), ``cubin_bytes``
+the code's size. tests/ops/test_stage_kernel_codegen.py runs it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # before the kernel is defined: compile it, do not interpret it
+_CACHE = tempfile.TemporaryDirectory(prefix="slabstage-compile-")  # an empty Triton cache, removed at exit:
+os.environ["TRITON_CACHE_DIR"] = _CACHE.name  # compile_s is a first compile's, as a fresh machine pays it
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -46,7 +51,9 @@ def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
                      **{k: "constexpr" for k in constexprs})
     source = ASTSource(stage_kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                        attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)).asm["ptx"]
+    t0 = time.perf_counter()
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+    compile_s, ptx = time.perf_counter() - t0, kernel.asm["ptx"]
     per_thread = block // (32 * num_warps)  # elements of a row piece each thread holds
     # the promising instance of each read: text rows (scaled, and not) in 16-byte loads of fp16, bf16 and fp32
     # rows; media rows in one 16-bit load (fp16 and bf16 alike) and one fp32 load
@@ -54,7 +61,7 @@ def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
     expected = 2 * (2 * v16 + v32) + v16 + v32
     return dict(width=width, slab=slab, block=block, num_warps=num_warps, loads=len(re.findall(r"ld\.global", ptx)),
                 loads_v4=len(re.findall(r"ld\.global[^\n]*\.v4", ptx)), expected_v4=expected,
-                registers=registers(ptx))
+                registers=registers(ptx), compile_s=round(compile_s, 2), cubin_bytes=len(kernel.asm.get("cubin", b"")))
 
 
 def registers(ptx: str) -> int | None:
