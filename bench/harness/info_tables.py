@@ -65,12 +65,11 @@ def _ab_profile_lines(infos: list[dict]) -> list[str]:
     if not infos:
         return []
     out = ["## Where the device time goes (torch.profiler, medians; span: first kernel's start to the last one's "
-           "end)", "", "| case | tokens | side | span | kernels (µs each) |", "| --- | ---: | --- | ---: | --- |"]
+           "end)", "", *_head(["case", "tokens", "side", "span", "kernels (µs each)"], "lrlrl")]
     for i in infos:
         for side, p in i["profile"].items():
             kernels = "; ".join(f"{name.replace('|', '/')} {us:.1f}" for name, us in (p.get("by_kernel") or {}).items())
-            out.append(f"| {i.get('case')} | {i.get('tokens', '')} | {side} | {fmt_us(p.get('span_us', 0.0))} | "
-                       f"{kernels or '–'} |")
+            out.append(_row([i.get("case"), i.get("tokens", ""), side, fmt_us(p.get("span_us", 0.0)), kernels or "–"]))
     return out + [""]
 
 
