@@ -20,7 +20,7 @@ programs an SM, half the copy ceiling).
 
 from __future__ import annotations
 
-from .layout import device as K
+from .layout import TOKEN_ROWS, device as K
 from .embed_rows import media_row, media_row_vec, text_row
 from .runtime import next_pow2, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
@@ -43,7 +43,7 @@ def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, r
 def grid_size(pad_to: int, num_slots: int, row_programs: int) -> int:
     """Programs of a :func:`stage_kernel` launch for ``pad_to`` rows: ``num_slots`` a ``TOKEN_ROWS`` block of
     them (one block at least), then ``row_programs`` a slab row (0: no slab)."""
-    return -(-max(pad_to, 1) // K.TOKEN_ROWS) * num_slots + pad_to * row_programs
+    return -(-max(pad_to, 1) // TOKEN_ROWS) * num_slots + pad_to * row_programs  # (host ints: no constexpr)
 
 
 if triton is not None:
