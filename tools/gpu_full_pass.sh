@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU pass on a 2-GPU machine in under 10 minutes:
 # benchmarks on GPU 0 while tests, soak, sanitizer and profile run on GPU 1; then tensor parallel on both.
-# The machine it is written for: docs/gpu_machine.md.
+# Needs 2 GPUs of one host (the `tp` phase uses both).
 export OUT=${OUT:-/tmp/slabstage-gpu}
 mkdir -p "$OUT"
 (CUDA_VISIBLE_DEVICES=0 TAG=bench timeout 360 bash tools/gpu_run_phases.sh bench > "$OUT/bench.summary" 2>&1) &

@@ -46,7 +46,7 @@ The toy model's attention runs on PyTorch's math SDPA backend here: racecheck
 reports hazards inside cuDNN's flash-attention kernel (third party, not
 slabstage's), which would fail ``--error-exitcode 1`` for nothing of ours.
 
-On an H200 it takes 7.9 s under memcheck and 68 s under racecheck (bench/results/sanitizer/).
+On an H200 it takes 7.9 s under memcheck and 68 s under racecheck (tools/gpu_sanitize.sh's logs).
 Without CUDA it runs on the CPU under the Triton interpreter (TRITON_INTERPRET=1,
 set here before slabstage is imported), about 30 s at full size; ``--small``
 shrinks the sizes (odd widths, item, DeepStack and strided forms kept; the
