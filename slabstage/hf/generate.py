@@ -13,6 +13,7 @@ import torch
 
 from ..cache.encoder_cache import EncoderCache
 from ..checks import check_int, is_int
+from ..entry import Entry
 from ..graph_runner.batch import PrefillBatch
 from ..graph_runner.buckets import default_token_buckets
 from ..graph_runner.runner import PrefillGraphRunner
@@ -21,9 +22,9 @@ from ._checks import as_prompt_ids, check_grid, check_pixels, grid_rows
 from ._family import family_of, transformers_version
 from .forward import prefill_forward
 from .kv_cache import KVCache
-from .media import media_items
+from .media import media_items, pick_items
 from .mrope import check_vlm_prompt, layout_rule, rope_index, rope_layout
-from .pack import Request, pack_requests
+from .pack import Request, item_spans, pack_requests
 from .width import input_embeds_width
 
 __all__ = ["Generator", "generate", "decode_buckets", "hf_generate", "content_keys"]
@@ -50,6 +51,8 @@ class _Seq:
     delta: int = 0  # mrope: text position = token index + delta (HF's rope_deltas)
     new: list = field(default_factory=list)
     keys: list | None = None  # with an encoder cache: its items' keys (None: its media as given)
+    grids: tuple = (None, None)  # its pixels' image and video grids, on the host
+    spans: list | None = None  # with an encoder cache: each item's (first token, end) in the prompt
 
 
 def _eos_ids(model, eos_token_id) -> set:
@@ -217,32 +220,55 @@ class Generator:
             return
         seq.keys = content_keys(req.pixel_values, grids[0], "image") + \
             content_keys(req.pixel_values_videos, grids[1], "video")
+        seq.grids = tuple(grids)
         seq.request = replace(req, media=[torch.empty(n, 0) for n in grid_rows(grids[0], merge) +
                                           grid_rows(grids[1], merge)])  # (the checks read their rows)
 
-    def _media(self, seqs: list, last: bool = False) -> list | None:
-        """Each request's items for a prefill step: as given, or (with an encoder cache) its entries, the misses
-        encoded now; None when an entry taken for this step was evicted by a later one of it (the budget cannot
+    def _media(self, chunks: list, last: bool = False) -> list | None:
+        """Each chunk's request's items for a prefill step (``chunks``: ``(seq, start, end)``): as given, or (with
+        an encoder cache) the entries of the items the chunk reads, the misses encoded now, and placeholders of
+        the others; None when an entry taken for this step was evicted by a later one of it (the budget cannot
         hold the step's items at once; ``last``: raise that ``ValueError`` instead)."""
         cache, out = self.encoder_cache, []
-        for seq in seqs:
+        for seq, a, b in chunks:
             req = seq.request
             if seq.keys is None:
                 out.append(req.media)
-            elif req.pixel_values is None and req.pixel_values_videos is None:  # items given as tensors
-                out.append([cache.get(k) or cache.put(k, tuple(item) if type(item) is list else item)
-                            for k, item in zip(seq.keys, req.media)])
-            else:
-                try:
-                    out.append(media_items(self.model, req.pixel_values, req.image_grid_thw, req.pixel_values_videos,
-                                           req.video_grid_thw, encoder_cache=cache, keys=seq.keys))
-                except ValueError:  # (its inputs were checked: the budget could not hold its items at once)
-                    if last:
-                        raise
-                    return None
-        if cache is not None and any(cache.gens[e.slot] != e.gen for items in out for e in items):
+                continue
+            media = list(req.media)  # the given items, or their placeholders: pack_requests takes those read
+            read = [j for j, (first, end) in enumerate(seq.spans) if first < b and end > a]
+            try:
+                if req.pixel_values is None and req.pixel_values_videos is None:  # items given as tensors
+                    for j in read:
+                        item = media[j]
+                        media[j] = cache.get(seq.keys[j]) or cache.put(seq.keys[j], tuple(item)
+                                                                          if type(item) is list else item)
+                elif read:
+                    for j, entry in zip(read, self._encode(seq, read)):
+                        media[j] = entry
+            except ValueError as e:  # (its inputs were checked: the budget could not hold its items at once)
+                if last:
+                    raise ValueError(f"slabstage.hf.generate: request {seq.index}: the encoder cache cannot hold "
+                                     f"the items of tokens [{a}, {b}): {e}") from e
+                return None
+            out.append(media)
+        if cache is not None and any(type(e) is Entry and cache.gens[e.slot] != e.gen for items in out for e in items):
             return None
         return out
+
+    def _encode(self, seq: _Seq, read: list) -> list:
+        """The cache entries of items ``read`` (indices in ``seq``'s items, in order) of a request that gives
+        pixels, encoded through the cache (misses only)."""
+        req, (images, videos) = seq.request, seq.grids
+        first_video = 0 if images is None else len(images)
+        which = [j for j in read if j < first_video], [j - first_video for j in read if j >= first_video]
+        given = {}
+        if which[0]:
+            given["pixel_values"], given["image_grid_thw"] = pick_items(req.pixel_values, images, which[0])
+        if which[1]:
+            given["pixel_values_videos"], given["video_grid_thw"] = pick_items(req.pixel_values_videos, videos,
+                                                                              which[1])
+        return media_items(self.model, **given, encoder_cache=self.encoder_cache, keys=[seq.keys[j] for j in read])
 
     def generate(self, requests: Sequence[Request], *, max_new_tokens: int = 32, eos_token_id=None) -> list:
         """:func:`generate` over this generator's buffers, caches and graphs."""
@@ -264,6 +290,9 @@ class Generator:
         for seq in seqs:
             self._prepare(seq)
         pack_requests(self.model, [s.request for s in seqs])  # every request's checks before anything runs
+        keyed = [s for s in seqs if s.keys is not None]
+        for seq, spans in zip(keyed, item_spans(self.model, [s.request for s in keyed]) if keyed else ()):
+            seq.spans = spans  # (a chunk encodes and holds the items it reads alone)
         if fam.is_vlm:
             for seq in seqs:
                 seq.delta = _rope_delta(fam, seq.request, seq.request.input_ids)
@@ -302,18 +331,20 @@ class Generator:
             n = min(seq.length - seq.done, left)
             chunks.append((seq, seq.done, seq.done + n))
             left -= n
-        media = self._media([s for s, _, _ in chunks])
-        if media is None:  # the cache cannot hold the step's items at once: this step prefills the first request
+        media = self._media(chunks)
+        if media is None:  # the cache cannot hold the step's items at once: this step prefills the first chunk
             chunks = chunks[:1]
-            media = self._media([chunks[0][0]])
+            media = self._media(chunks)
         if media is None:  # its items fit the budget but not the free runs between entries: the cache starts over
             cache = self.encoder_cache
             for key in [k for k in cache.keys if k is not None]:
                 cache.evict(key)
-            media = self._media([chunks[0][0]], last=True)
-            if media is None:
-                raise ValueError(f"slabstage.hf.generate: request {chunks[0][0].index}: the encoder cache's budget "
-                                 f"cannot hold its items at once")
+            media = self._media(chunks)
+        if media is None:  # nor all of the chunk's items: the chunk stops before the second item it reads
+            seq, a, b = chunks[0]
+            starts = sorted(first for first, end in seq.spans if first < b and end > a)
+            chunks = [(seq, a, starts[1] if len(starts) > 1 else b)]
+            media = self._media(chunks, last=True)
         batch = pack_requests(self.model, [replace(s.request, chunk=(a, b), media=m)
                                            for (s, a, b), m in zip(chunks, media)])
         # the KV-cache inputs of the cache's default layout (filled at allocation: nothing to write into

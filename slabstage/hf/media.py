@@ -19,6 +19,15 @@ def _split(rows, sizes):
     return list(rows)
 
 
+def pick_items(pixels: torch.Tensor, grid: torch.Tensor, which: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pixels, grid)`` of the items ``which`` (indices of rows of the host ``grid``, in order) alone: their
+    pixel rows (one row a patch, ``t * h * w`` an item) end to end, their grid rows (all of them: as given)."""
+    if len(which) == len(grid):
+        return pixels, grid
+    ends = list(accumulate(grid.prod(-1).tolist()))
+    return torch.cat([pixels[ends[j] - int(grid[j].prod()):ends[j]] for j in which]), grid[which]
+
+
 def _tower(fam, pixel_values, grid_thw, video: bool):
     get = fam.base.get_video_features if video else fam.base.get_image_features
     # the tower computes positions from the grid beside the pixels; the row counts come from the host copy
@@ -93,10 +102,7 @@ def _through_cache(fam, cache, keys: list, pixels, grid, video: bool, merge: int
     sizes = grid_rows(grid, merge)
     miss = [j for j, (key, rows) in enumerate(zip(keys, sizes)) if cache.get(key, rows=rows) is None]
     if miss:
-        if len(miss) < len(keys):  # encode the misses alone: their pixel rows, their grid rows
-            ends = list(accumulate(grid.prod(-1).tolist()))
-            pixels = torch.cat([pixels[ends[j] - int(grid[j].prod()):ends[j]] for j in miss])
-            grid = grid[miss]
+        pixels, grid = pick_items(pixels, grid, miss)  # the misses alone
         for j, item in zip(miss, _tower(fam, pixels, grid, video)):
             cache.put(keys[j], item)
     items = []

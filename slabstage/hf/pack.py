@@ -266,6 +266,28 @@ def _count(size: int) -> np.ndarray:
     return _COUNT
 
 
+def _item(kind: int, j: int, images) -> int:
+    """The item of a placeholder run (:func:`check_placeholders`): a request's images', then its videos'."""
+    return j if kind == 1 else len(images or ()) + j
+
+
+def item_spans(model, requests: Sequence[Request]) -> list[list[tuple[int, int]]]:
+    """Per request, each media item's ``(first token, end)`` in its prompt (items in ``media`` order: the
+    images, then the videos; a Qwen3-VL video from its first frame's run to its last's): a chunk ``[a, b)``
+    reads item ``j`` when ``first < b`` and ``end > a``. The requests are checked as :func:`pack_requests`
+    checks them (their items only by their rows)."""
+    c = _check_requests(family_of(model, "item_spans"), list(requests))
+    out = []
+    for runs, images, rows in zip(c.runs, c.images, c.rows):
+        spans = [None] * len(rows)
+        for s, length, kind, j, _ in runs:
+            item = _item(kind, j, images)
+            first = s if spans[item] is None else spans[item][0]
+            spans[item] = (first, s + length)
+        out.append(spans)
+    return out
+
+
 def _take_media(c: _Checked, dst0: list, n: int) -> tuple[np.ndarray | None, list]:
     """``(index, items)``: the items the chunks read (only those: a chunk may skip an item between two it
     reads), each request's after the one before, in item order, and ``index`` (``n`` rows, request ``k``'s from
@@ -275,12 +297,11 @@ def _take_media(c: _Checked, dst0: list, n: int) -> tuple[np.ndarray | None, lis
     media_rows = 0  # rows of the items taken so far
     for row0, (start, end), runs, media, rows, images in zip(dst0, c.chunks, c.runs, c.media, c.rows, c.images):
         touched, read = [], {}  # runs read: (first batch row, media row in the request, tokens, item); item: shift
-        videos_from = len(images or ())
         for s, length, kind, j, row in runs:
             a = s if s > start else start
             b = s + length if s + length < end else end
             if a < b:
-                item = j if kind == 1 else videos_from + j
+                item = _item(kind, j, images)
                 touched.append((row0 + a - start, row + a - s, b - a, item))
                 read[item] = 0
         if not read:

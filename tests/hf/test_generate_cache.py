@@ -2,6 +2,8 @@
 cache; the ids equal HF's generate and generation without the cache; a shared image is encoded once, a second call
 hits, a budget that evicts mid-run changes nothing. Tiny fp32 models on the host."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -9,7 +11,9 @@ pytest.importorskip("transformers")
 
 import slabstage.hf as sshf  # noqa: E402
 from slabstage.cache import EncoderCache  # noqa: E402
+from slabstage.hf._checks import grid_rows  # noqa: E402
 from slabstage.hf.generate import content_keys, hf_generate  # noqa: E402
+from slabstage.hf.pack import item_spans  # noqa: E402
 from slabstage.hf.tiny import tiny_model, tiny_request  # noqa: E402
 from slabstage.hf.width import input_embeds_width  # noqa: E402
 
@@ -94,6 +98,30 @@ def test_a_cache_that_evicts_mid_run_gives_the_same_ids(family, monkeypatch):
     assert count.items > 4  # evicted items were encoded again
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_a_chunk_encodes_and_holds_the_items_it_reads_alone(family, monkeypatch):
+    """A budget of the largest item's rows (no request's items fit at once) gives HF's ids; a prompt's items are
+    encoded at the step whose chunk first reads them, not all at its first chunk."""
+    model = tiny_model(family, seed=5)
+    model.generation_config.eos_token_id = None
+    reqs, hfs = _prompts(model, seed=2)
+    ref = [hf_generate(model, NEW, **hf) for hf in hfs]
+    width = input_embeds_width(model)
+    largest = max(rows for r in reqs for rows in
+                  grid_rows(r.image_grid_thw, 2) + grid_rows(r.video_grid_thw, 2))
+    for budget, running in ((24, 4), (5, 2)):
+        cache = EncoderCache(width, torch.float32, "cpu", device_budget_bytes=largest * width * 4)
+        assert sshf.generate(model, reqs, max_new_tokens=NEW, token_budget=budget, max_running=running,
+                             encoder_cache=cache) == ref
+    # prompt 1: text, image (4, 4), text, image (6, 4); a first chunk that ends before the second image
+    count = _Count(model, monkeypatch)
+    spans = item_spans(model, [replace(reqs[1], media=[torch.empty(4, 0), torch.empty(6, 0)])])[0]
+    assert spans[0][1] < spans[1][0]
+    assert sshf.generate(model, [reqs[1]], max_new_tokens=2, token_budget=spans[1][0],
+                         encoder_cache=1 << 20) == [ref[1][:2]]
+    assert (count.calls, count.items) == (2, 2)
+
+
 def test_content_keys_are_whole_digests_of_content():
     pixels = torch.randn(40, 8)
     grid = torch.tensor([[1, 4, 6], [1, 4, 4]])
@@ -118,6 +146,10 @@ def test_bad_encoder_cache_arguments():
                         pixel_values=reqs[2].pixel_values)
     with pytest.raises(ValueError, match="request 1: it gives both media and pixels"):
         sshf.generate(model, [reqs[0], both], encoder_cache=1 << 20)
+    small = EncoderCache(input_embeds_width(model), torch.float32, "cpu", 3 * input_embeds_width(model) * 4)
+    with pytest.raises(ValueError, match=r"request 0: the encoder cache cannot hold the items of tokens \[0, 8\): "
+                                         r"an entry of 6 rows exceeds the cache's device budget of 3 rows"):
+        sshf.generate(model, [reqs[0]], token_budget=8, encoder_cache=small)
     with pytest.raises(ValueError, match="pixel_values has shape"):
         sshf.generate(model, [sshf.Request(reqs[2].input_ids, image_grid_thw=reqs[2].image_grid_thw,
                                            pixel_values=reqs[2].pixel_values[:5])], encoder_cache=1 << 20)
