@@ -13,7 +13,6 @@ import torch
 
 from ..cache.encoder_cache import EncoderCache
 from ..checks import check_int, is_int
-from ..entry import Entry
 from ..graph_runner.batch import PrefillBatch
 from ..graph_runner.buckets import default_token_buckets
 from ..graph_runner.runner import PrefillGraphRunner
@@ -229,7 +228,7 @@ class Generator:
         an encoder cache) the entries of the items the chunk reads, the misses encoded now, and placeholders of
         the others; None when an entry taken for this step was evicted by a later one of it (the budget cannot
         hold the step's items at once; ``last``: raise that ``ValueError`` instead)."""
-        cache, out = self.encoder_cache, []
+        cache, out, taken = self.encoder_cache, [], []
         for seq, a, b in chunks:
             req = seq.request
             if seq.keys is None:
@@ -252,9 +251,8 @@ class Generator:
                                      f"the items of tokens [{a}, {b}): {e}") from e
                 return None
             out.append(media)
-        if cache is not None and any(type(e) is Entry and cache.gens[e.slot] != e.gen for items in out for e in items):
-            return None
-        return out
+            taken += (media[j] for j in read)
+        return None if any(cache.gens[e.slot] != e.gen for e in taken) else out
 
     def _encode(self, seq: _Seq, read: list) -> list:
         """The cache entries of items ``read`` (indices in ``seq``'s items, in order) of a request that gives

@@ -122,6 +122,19 @@ def test_a_chunk_encodes_and_holds_the_items_it_reads_alone(family, monkeypatch)
     assert (count.calls, count.items) == (2, 2)
 
 
+def test_text_requests_beside_pixels_through_the_cache():
+    """Requests without media (``media=None`` or none given) share a cached call with one that gives pixels."""
+    model = tiny_model("qwen2_vl", seed=6)
+    model.generation_config.eos_token_id = None
+    reqs, hfs = _prompts(model, seed=3)
+    g = torch.Generator().manual_seed(8)
+    texts = [torch.randint(0, 80, (n,), generator=g) for n in (7, 12)]
+    got = sshf.generate(model, [sshf.Request(texts[0], media=None), reqs[2], sshf.Request(texts[1])],
+                        max_new_tokens=4, token_budget=9, encoder_cache=1 << 20)
+    assert got == [hf_generate(model, 4, input_ids=texts[0][None]), hf_generate(model, 4, **hfs[2]),
+                   hf_generate(model, 4, input_ids=texts[1][None])]
+
+
 def test_content_keys_are_whole_digests_of_content():
     pixels = torch.randn(40, 8)
     grid = torch.tensor([[1, 4, 6], [1, 4, 4]])
