@@ -100,7 +100,9 @@ def _through_cache(fam, cache, keys: list, pixels, grid, video: bool, merge: int
     """The cache handles of the items of ``grid`` (host) named by ``keys``: the tower runs on the pixels of the
     items not cached alone, and puts its outputs in ``cache``."""
     sizes = grid_rows(grid, merge)
-    miss = [j for j, (key, rows) in enumerate(zip(keys, sizes)) if cache.get(key, rows=rows) is None]
+    first = {}  # (an item twice in the call is encoded once)
+    miss = [first.setdefault(key, j) for j, (key, rows) in enumerate(zip(keys, sizes))
+            if key not in first and cache.get(key, rows=rows) is None]
     if miss:
         pixels, grid = pick_items(pixels, grid, miss)  # the misses alone
         for j, item in zip(miss, _tower(fam, pixels, grid, video)):

@@ -66,5 +66,11 @@ def test_hits_are_not_encoded_again(monkeypatch):
     alone = sshf.media_items(model, pixel_values=pv, image_grid_thw=grid)
     for e, item in zip(entries, alone):
         torch.testing.assert_close(cache.rows_of(e), torch.cat(item, 1), rtol=1e-5, atol=1e-5)
+    # an item twice in one call (same key): encoded once, both handles its entry
+    seen.clear()
+    again = sshf.media_items(model, pixel_values=torch.cat([pv[16:40], pv[16:40]]),
+                             image_grid_thw=torch.tensor([[1, 6, 4], [1, 6, 4]]), encoder_cache=cache,
+                             keys=[b"d", b"d"])
+    assert seen == [[[1, 6, 4]]] and again[0] == again[1]
     with pytest.raises(ValueError, match="one key per item"):
         sshf.media_items(model, pixel_values=pv, image_grid_thw=grid, encoder_cache=cache, keys=[b"a"])
