@@ -88,6 +88,8 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
             raise ValueError(f"slabstage.hf.media_items: {pixels_name} was given without {name}")
         host = check_grid(grid, name, "slabstage.hf.media_items:", merge)  # no copy (and no sync) for a host grid
         check_pixels(pixels, host, pixels_name, name, "slabstage.hf.media_items:")
+        if not len(host):  # no items: no tower call (HF's towers refuse an empty grid)
+            continue
         if cache is None:
             items += _tower(fam, pixels, host, video)
         else:

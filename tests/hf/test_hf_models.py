@@ -13,6 +13,7 @@ import slabstage as ss
 pytest.importorskip("transformers")
 
 import slabstage.hf as sshf  # noqa: E402
+from slabstage.cache import EncoderCache  # noqa: E402
 from slabstage.hf.tiny import FAMILIES, tiny_model, tiny_prompt  # noqa: E402
 
 VLMS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
@@ -155,6 +156,23 @@ def test_width_contract():
         sshf.input_embeds_width(wide)
     with pytest.raises(TypeError, match="not supported"):
         sshf.input_embeds_width(GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)))
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_an_empty_grid_gives_no_items(family):
+    """A grid of no rows with no pixel rows: no items and no tower call, with or without a cache (HF's towers
+    refuse an empty grid); a prompt without placeholders generates as with no media."""
+    model = tiny_model(family)
+    model.generation_config.eos_token_id = None
+    none = torch.empty(0, 3, dtype=torch.int64)
+    pixels = torch.empty(0, 3 * 2 * 4 * 4)  # (channels, temporal patch, patch, patch: tiny_model's)
+    cache = EncoderCache(sshf.input_embeds_width(model), torch.float32, "cpu", 1 << 16)
+    assert sshf.media_items(model, pixels, none, pixels, none) == []
+    assert sshf.media_items(model, pixels, none, encoder_cache=cache, keys=[]) == []
+    ids = torch.randint(0, 80, (9,), generator=torch.Generator().manual_seed(0))
+    request = sshf.Request(ids, image_grid_thw=none, pixel_values=pixels)
+    assert sshf.generate(model, [request], max_new_tokens=3) == sshf.generate(model, [sshf.Request(ids)],
+                                                                              max_new_tokens=3)
 
 
 def test_mrope_positions_need_token_types():
