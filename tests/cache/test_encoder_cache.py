@@ -132,6 +132,9 @@ def test_keys_and_rows_checked():
         cache.get(True)
     with pytest.raises(ValueError, match="holds 2 rows but 3 were expected"):
         cache.get(long + b"a", rows=3)
+    for odd in (True, 3.0, torch.tensor(3)):  # a count that is not an int is named so, not "3 rows but True"
+        with pytest.raises(TypeError, match="rows must be an int"):
+            cache.get(long + b"a", rows=odd)
     with pytest.raises(ValueError, match="9 columns wide"):
         cache.put("w", torch.ones(2, 9))
     with pytest.raises(ValueError, match="exceeds the cache's device budget"):
