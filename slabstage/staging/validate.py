@@ -472,8 +472,8 @@ def _media_plan(media, device: torch.device, slab_width: int, text_width: int, e
     if media is None:
         return None, None
     if type(media) not in (list, tuple):
-        raise TypeError(f"media must be a 2-D tensor or a list of items (tensors or tuples of column blocks), "
-                        f"got {type(media).__name__}")
+        raise TypeError(f"media must be a 2-D tensor or a list of items (tensors, tuples of column blocks or "
+                        f"EncoderCache entries), got {type(media).__name__}")
     if not media:
         raise ValueError("media is an empty list: pass None when the batch has no media")
     kinds = set(map(type, media))
