@@ -22,8 +22,9 @@ loop's wall time. Cases (bf16):
 - ``test_host_tier``: device time of 16 entries in the pinned host tier staged at 8192 x 4096 against one
   host-to-device copy of the same media bytes (<= 1.1x);
 - ``test_replay``: device time of a runner's replay (fetch, staging, a forward of almost nothing) at 256 /
-  2048 / 8192 x 4096, half media rows in 16 entries, against LightLLM's kernel (``peer_lightllm.py``) plus the
-  same forward captured in a graph by hand (<= 1.2x); then ``PROFILED_STEPS`` replays of each side under
+  2048 / 8192 x 4096, half media rows in 16 entries and in one, against LightLLM's kernel (``peer_lightllm.py``,
+  as many images: its grid has a program a row and image) plus the same forward captured in a graph by hand
+  (<= 1.2x); then ``PROFILED_STEPS`` replays of each side under
   torch.profiler: each kernel's device time and the span from the first kernel's start to the last one's end
   (``extra_info["profile"]``);
 - ``test_get_many``: host time of ``EncoderCache.get_many`` of 16 keys alone (a plain host-time benchmark).
@@ -142,7 +143,8 @@ def stage_inputs(n, width, table_width=None, seed=0):
 
 
 class Items:
-    """16 items of ``per`` rows, in an :class:`EncoderCache` under keys and in one media tensor, kept equal.
+    """``count`` items (default 16) of ``per`` rows, in an :class:`EncoderCache` under keys and in one media
+    tensor, kept equal.
 
     ``step(i)`` is the shared prologue: ``NEW_PER_STEP`` items get new encoder outputs (views of a rotating
     pool, ``blocks`` column blocks each) under new keys: each is put into the cache and copied into its rows
@@ -150,17 +152,17 @@ class Items:
     media tensor}``.
     """
 
-    def __init__(self, per, width, blocks=1, host_tier=False):
-        self.per, self.width, self.blocks = per, width, blocks
-        rows = ITEMS * per
+    def __init__(self, per, width, blocks=1, count=ITEMS):
+        self.per, self.width, self.blocks, self.count = per, width, blocks, count
+        rows = count * per
         budget = 4 * rows * width * 2
         self.cache = EncoderCache(width, BF16, DEV, device_budget_bytes=budget)
         self.one = torch.empty(rows, width, device=DEV, dtype=BF16)
         h = width // blocks
         self.pool = torch.randn(POOL, blocks, per, h, generator=torch.Generator().manual_seed(5)).to(DEV, BF16)
-        self.keys = [None] * ITEMS
+        self.keys = [None] * count
         self.next_key = 0
-        for slot in range(ITEMS):
+        for slot in range(count):
             self.renew(slot)
 
     def renew(self, slot):
@@ -174,8 +176,8 @@ class Items:
 
     def step(self, i):
         for j in range(NEW_PER_STEP):
-            self.renew((NEW_PER_STEP * i + j) % ITEMS)
-        return {"ours": self.cache.get_many(self.keys, [self.per] * ITEMS), "reference": self.one[:]}
+            self.renew((NEW_PER_STEP * i + j) % self.count)
+        return {"ours": self.cache.get_many(self.keys, [self.per] * self.count), "reference": self.one[:]}
 
 
 # -- run() host time ---------------------------------------------------------------------------------
@@ -319,21 +321,22 @@ def test_host_tier(benchmark, request, between_rounds):
 # -- a replay's staging against LightLLM's kernel in a hand-captured graph ------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", REPLAY_TOKENS)
-def test_replay(benchmark, request, between_rounds, n):
+@pytest.mark.parametrize("images", [ITEMS, 1])
+def test_replay(benchmark, request, between_rounds, n, images):
     width = WIDTH
     rows = n // 2
-    per = rows // ITEMS
+    per = rows // images
     buffers = ss.StagingBuffers.allocate(max_num_tokens=n, max_batch_size=4, embed_width=width, embed_dtype=BF16,
                                          device=DEV)
     runner = ss.PrefillGraphRunner(lambda v: v["input_embeds"][:1] * 2, buffers, buckets=[n], progress=False)
     runner.capture()
     ids, table, _, _ = stage_inputs(n, width, seed=3)
-    mi = media_index(n, rows).to(DEV)
-    items = Items(per, width)
-    entries = items.cache.get_many(items.keys, [per] * ITEMS)
+    mi = media_index(n, rows, runs=images).to(DEV)
+    items = Items(per, width, count=images)
+    entries = items.cache.get_many(items.keys, [per] * images)
     batch = ss.PrefillBatch(input_ids=ids, positions=torch.arange(n, device=DEV), table=table, media=entries,
                             media_index=mi)
-    start_ids, img_lens, locs = image_ranges([per] * ITEMS, 1000, DEV)
+    start_ids, img_lens, locs = image_ranges([per] * images, 1000, DEV)
     fake = ids.clone()
     fake[mi >= 0] = 1000 + mi[mi >= 0]
     out = torch.empty(n, width, device=DEV, dtype=BF16)
@@ -352,8 +355,8 @@ def test_replay(benchmark, request, between_rounds, n):
     assert runner.last_bucket == n and torch.equal(buffers.input_embeds[:n], out)
     ab(benchmark, request, between_rounds, measure="device", prologue=lambda i: None,
        ours=lambda _: runner.run(batch), reference=lambda _: graph.replay(), target=1.2, case="replay device",
-       impl=f"runner replay ({ITEMS} entries)", reference_impl="LightLLM kernel + forward in a graph", tokens=n,
-       width=width)
+       impl=f"runner replay ({images} entries)", tokens=n, width=width, images=images,
+       reference_impl=f"LightLLM kernel ({images} images) + forward in a graph")
     # where each side's device time goes: its kernels one by one, and the span from the first one's start to the
     # last one's end (the kernels and the gaps between them)
     benchmark.extra_info["profile"] = profile_steps({"ours": lambda: runner.run(batch), "reference": graph.replay},
