@@ -6,6 +6,8 @@ for token against HF's ``generate``.
 from __future__ import annotations
 
 import hashlib
+import os
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -79,21 +81,34 @@ def _rope_delta(fam, request: Request, ids: torch.Tensor) -> int:
     return rope_layout(fam, runs, images, videos, seconds, 0, L, rule).position_delta(L)
 
 
-def content_keys(pixels, grid, kind: str) -> list:
+def content_keys(pixels, grid, kind: str, encoder: bytes = b"") -> list:
     """One encoder-cache key per row of ``grid`` (``kind``: ``"image"`` or ``"video"``): the whole SHA-256 digest
-    (32 bytes, never cut short) of the kind, the grid row, the pixels' dtype and width and the raw bytes of the
-    item's pixel rows. Equal pixels under an equal grid give an equal key, in any request or call. The pixels
-    are read on the host (one copy from a device)."""
+    (32 bytes, never cut short) of ``encoder`` (what names the encoder: a cache two models share must not give
+    one the other's outputs), the kind, the grid row, the pixels' dtype and width and the raw bytes of the item's
+    pixel rows. Equal pixels under an equal grid give an equal key, in any request or call. The pixels are read
+    on the host (one copy from a device)."""
     if pixels is None:
         return []
     host = pixels.detach().to("cpu").contiguous()
     keys, end = [], 0
     for t, h, w in grid.tolist():
         rows, end = host[end:end + t * h * w], end + t * h * w
-        digest = hashlib.sha256(f"{kind} {t} {h} {w} {host.dtype} {host.shape[1]}|".encode())
+        digest = hashlib.sha256(encoder + f"|{kind} {t} {h} {w} {host.dtype} {host.shape[1]}|".encode())
         digest.update(rows.reshape(-1).view(torch.uint8).numpy())
         keys.append(digest.digest())
     return keys
+
+
+_ENCODERS = weakref.WeakKeyDictionary()  # model -> its tag in cache keys (the model object's, not a Generator's)
+
+
+def _encoder_tag(model) -> bytes:
+    """What names ``model``'s encoder in the keys of the items it encodes: random bytes drawn once for the model
+    object, so that its Generators share their cache entries and another model's never match them."""
+    tag = _ENCODERS.get(model)
+    if tag is None:
+        tag = _ENCODERS[model] = os.urandom(16)
+    return tag
 
 
 def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, token_budget: int = 256,
@@ -159,7 +174,8 @@ class Generator:
         capacity = max(token_budget, max_running)  # (a decode step has a row a running request)
         width = input_embeds_width(model)
         self.encoder_cache = self._own_cache(encoder_cache, width)
-        self._calls = 0  # generate() calls (the keys of items given as tensors name theirs)
+        self._calls = 0  # generate() calls (the keys of items given as tensors name theirs, and this generator)
+        self._tag = os.urandom(16).hex()
         self.buffers = StagingBuffers.allocate(max_num_tokens=capacity, max_batch_size=max_running,
                                                embed_width=width, embed_dtype=self.dtype,
                                                device=self.device, mrope=fam.is_vlm)
@@ -196,7 +212,7 @@ class Generator:
             return
         if req.pixel_values is None and req.pixel_values_videos is None:
             if cache is not None and req.media:
-                seq.keys = [f"slabstage.hf.generate call {self._calls} request {seq.index} item {j}"
+                seq.keys = [f"slabstage.hf.generate {self._tag} call {self._calls} request {seq.index} item {j}"
                             for j in range(len(req.media))]
             return
         if req.media:
@@ -217,8 +233,9 @@ class Generator:
                                 req.video_grid_thw)
             seq.request = replace(req, media=items, pixel_values=None, pixel_values_videos=None)
             return
-        seq.keys = content_keys(req.pixel_values, grids[0], "image") + \
-            content_keys(req.pixel_values_videos, grids[1], "video")
+        tag = _encoder_tag(self.model)
+        seq.keys = content_keys(req.pixel_values, grids[0], "image", tag) + \
+            content_keys(req.pixel_values_videos, grids[1], "video", tag)
         seq.grids = tuple(grids)
         seq.request = replace(req, media=[torch.empty(n, 0) for n in grid_rows(grids[0], merge) +
                                           grid_rows(grids[1], merge)])  # (the checks read their rows)

@@ -135,6 +135,22 @@ def test_text_requests_beside_pixels_through_the_cache():
                    hf_generate(model, 4, input_ids=texts[1][None])]
 
 
+def test_two_models_share_a_cache_without_sharing_entries(monkeypatch):
+    """Two models of one config (other weights) and one cache: each gets its own tower's rows, HF's ids; a
+    second Generator of the first model hits the first's entries."""
+    a, b = tiny_model("qwen2_vl", seed=1), tiny_model("qwen2_vl", seed=2)
+    for m in (a, b):
+        m.generation_config.eos_token_id = None
+    reqs, hfs = _prompts(a, seed=4)
+    cache = EncoderCache(input_embeds_width(a), torch.float32, "cpu", 1 << 20)
+    for m in (a, b):
+        assert sshf.generate(m, reqs, max_new_tokens=8, encoder_cache=cache) == [hf_generate(m, 8, **h) for h in hfs]
+    assert len(cache) == 8  # 4 items a model
+    count = _Count(a, monkeypatch)
+    sshf.generate(a, reqs, max_new_tokens=1, encoder_cache=cache)
+    assert count.items == 0
+
+
 def test_content_keys_are_whole_digests_of_content():
     pixels = torch.randn(40, 8)
     grid = torch.tensor([[1, 4, 6], [1, 4, 4]])
@@ -144,6 +160,7 @@ def test_content_keys_are_whole_digests_of_content():
     assert content_keys(pixels[:24], grid[:1], "video") != [a]
     assert content_keys(pixels[:24].double(), grid[:1], "image") != [a]
     assert content_keys(pixels[:24], torch.tensor([[1, 6, 4]]), "image") != [a]
+    assert content_keys(pixels[:24], grid[:1], "image", b"another encoder") != [a]
 
 
 def test_bad_encoder_cache_arguments():
