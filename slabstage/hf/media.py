@@ -52,9 +52,8 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
     Each item holds the rows of that image's (video's) placeholder tokens, in prompt order,
     ``t * h * w // merge**2`` of them for its grid row ``(t, h, w)``:
 
-    - Qwen3-VL / Qwen3-VL-MoE: a tuple ``(main, ds_0, ..., ds_{k-1})`` of 2-D tensors with
-      equal rows, each ``H`` wide: column block 0 and the DeepStack levels HF applies
-      (``k`` as in :func:`input_embeds_width`); no ``torch.cat``;
+    - Qwen3-VL / Qwen3-VL-MoE: a tuple ``(main, ds_0, ..., ds_{k-1})`` of 2-D tensors with equal rows, each
+      ``H`` wide: column block 0 and the DeepStack levels HF applies (``k`` as in :func:`input_embeds_width`);
     - Qwen2-VL / Qwen2.5-VL: one ``[rows, H]`` tensor.
 
     The items go to :class:`slabstage.PrefillBatch` (``media=``) or to :func:`pack_requests`. Grids are integer
@@ -72,7 +71,6 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
     fam = family_of(model, "media_items")
     if not fam.is_vlm:
         raise TypeError(f"slabstage.hf.media_items: {type(model).__name__} ({fam.name}) has no vision tower")
-    merge = fam.merge
     cache = encoder_cache
     if cache is not None:
         count = sum(0 if g is None else len(g) for g in (image_grid_thw, video_grid_thw))
@@ -81,27 +79,27 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
                              f"({count})")
     items, at = [], 0
     for pixels, grid, video in ((pixel_values, image_grid_thw, False), (pixel_values_videos, video_grid_thw, True)):
-        name, pixels_name = ("video_grid_thw", "pixel_values_videos") if video else ("image_grid_thw", "pixel_values")
         if pixels is None:
             continue
+        name, pixels_name = ("video_grid_thw", "pixel_values_videos") if video else ("image_grid_thw", "pixel_values")
         if grid is None:
             raise ValueError(f"slabstage.hf.media_items: {pixels_name} was given without {name}")
-        host = check_grid(grid, name, "slabstage.hf.media_items:", merge)  # no copy (and no sync) for a host grid
+        host = check_grid(grid, name, "slabstage.hf.media_items:", fam.merge)  # no copy (no sync) for a host grid
         check_pixels(pixels, host, pixels_name, name, "slabstage.hf.media_items:")
         if not len(host):  # no items: no tower call (HF's towers refuse an empty grid)
             continue
         if cache is None:
             items += _tower(fam, pixels, host, video)
         else:
-            items += _through_cache(fam, cache, keys[at:at + len(host)], pixels, host, video, merge)
+            items += _through_cache(fam, cache, keys[at:at + len(host)], pixels, host, video)
             at += len(host)
     return items
 
 
-def _through_cache(fam, cache, keys: list, pixels, grid, video: bool, merge: int) -> list:
+def _through_cache(fam, cache, keys: list, pixels, grid, video: bool) -> list:
     """The cache handles of the items of ``grid`` (host) named by ``keys``: the tower runs on the pixels of the
     items not cached alone, and puts its outputs in ``cache``."""
-    sizes = grid_rows(grid, merge)
+    sizes = grid_rows(grid, fam.merge)
     first = {}  # (an item twice in the call is encoded once)
     miss = [first.setdefault(key, j) for j, (key, rows) in enumerate(zip(keys, sizes))
             if key not in first and cache.get(key, rows=rows) is None]
