@@ -111,6 +111,28 @@ def _encoder_tag(model) -> bytes:
     return tag
 
 
+def _named_keys(tag: bytes, keys, count: int, where: str) -> list:
+    """The cache keys of a request's ``media_keys`` (its caller's names of its ``count`` items, such as an
+    engine's hashes of the original images), each behind the model's ``tag``; a type byte keeps ``b"1"``,
+    ``"1"`` and ``1`` apart."""
+    if type(keys) not in (list, tuple) or len(keys) != count:
+        raise ValueError(f"{where} media_keys must be a list of {count} keys, one per item (images, then videos), "
+                         f"got {keys!r:.80}")
+    out = []
+    for j, key in enumerate(keys):
+        if type(key) is int:
+            key = b"i" + str(key).encode()
+        elif type(key) is str:
+            key = b"s" + key.encode("utf-8", "surrogatepass")
+        elif type(key) is bytes:
+            key = b"b" + key
+        else:
+            raise TypeError(f"{where} media_keys[{j}] must be bytes, str or int (compared whole), got "
+                            f"{type(key).__name__}")
+        out.append(tag + key)
+    return out
+
+
 def generate(model, requests: Sequence[Request], *, max_new_tokens: int = 32, token_budget: int = 256,
              max_running: int | None = None, eos_token_id=None, graphs: bool = True,
              buckets: Sequence[int] | None = None, runner_options: dict | None = None,
@@ -204,16 +226,17 @@ class Generator:
         return cache
 
     def _prepare(self, seq: _Seq) -> None:
-        """A request's pixels: encoded now (no encoder cache) or keyed by content (encoded at its prefill); with
-        a cache, items given as tensors get keys of this call. Its ``media`` is left as placeholders of its rows
-        for the checks."""
+        """A request's pixels: encoded now (no encoder cache) or keyed by its ``media_keys`` or by content (encoded
+        at its prefill); with a cache, items given as tensors get its ``media_keys`` or keys of this call. Its
+        ``media`` is left as placeholders of its rows for the checks."""
         req, where, cache = seq.request, f"slabstage.hf.generate: request {seq.index}:", self.encoder_cache
         if not self.fam.is_vlm:
             return
         if req.pixel_values is None and req.pixel_values_videos is None:
             if cache is not None and req.media:
                 seq.keys = [f"slabstage.hf.generate {self._tag} call {self._calls} request {seq.index} item {j}"
-                            for j in range(len(req.media))]
+                            for j in range(len(req.media))] if req.media_keys is None else \
+                    _named_keys(_encoder_tag(self.model), req.media_keys, len(req.media), where)
             return
         if req.media:
             raise ValueError(f"{where} it gives both media and pixels: give one of them")
@@ -233,12 +256,12 @@ class Generator:
                                 req.video_grid_thw)
             seq.request = replace(req, media=items, pixel_values=None, pixel_values_videos=None)
             return
-        tag = _encoder_tag(self.model)
-        seq.keys = content_keys(req.pixel_values, grids[0], "image", tag) + \
+        tag, rows = _encoder_tag(self.model), grid_rows(grids[0], merge) + grid_rows(grids[1], merge)
+        seq.keys = _named_keys(tag, req.media_keys, len(rows), where) if req.media_keys is not None else \
+            content_keys(req.pixel_values, grids[0], "image", tag) + \
             content_keys(req.pixel_values_videos, grids[1], "video", tag)
         seq.grids = tuple(grids)
-        seq.request = replace(req, media=[torch.empty(n, 0) for n in grid_rows(grids[0], merge) +
-                                          grid_rows(grids[1], merge)])  # (the checks read their rows)
+        seq.request = replace(req, media=[torch.empty(n, 0) for n in rows])  # (the checks read their rows)
 
     def _media(self, chunks: list, last: bool = False) -> list | None:
         """Each chunk's request's items for a prefill step (``chunks``: ``(seq, start, end)``): as given, or (with
@@ -326,8 +349,9 @@ class Generator:
                 if token in eos or len(seq.new) >= max_new_tokens:
                     running.remove(seq)
                     free.append(seq.row)
-        for seq in seqs:  # (the entries of items given as tensors were this call's)
-            if seq.keys and seq.request.pixel_values is None and seq.request.pixel_values_videos is None:
+        for seq in seqs:  # (the entries of items given as tensors, unnamed, were this call's)
+            req = seq.request
+            if seq.keys and req.media_keys is None and req.pixel_values is None and req.pixel_values_videos is None:
                 for key in seq.keys:
                     self.encoder_cache.evict(key)
         return [s.new for s in seqs]

@@ -38,7 +38,10 @@ class Request:
     chunk that starts at token ``s`` attends to the ``s`` tokens cached by earlier chunks there.
     ``pixel_values`` / ``pixel_values_videos``: the processor's pixels for the grids, in place of ``media``,
     for :func:`generate` (which encodes them, through its encoder cache when it has one);
-    :func:`pack_requests` takes encoded ``media`` and ignores them.
+    :func:`pack_requests` takes encoded ``media`` and ignores them. ``media_keys``: with :func:`generate`'s
+    encoder cache, one key per item (``bytes``, ``str`` or ``int``, compared whole; an engine's hash of the
+    original image, say) naming its entry in place of the hash of its pixels; items given as tensors under keys
+    stay in the cache after the call.
     """
 
     input_ids: torch.Tensor
@@ -51,6 +54,7 @@ class Request:
     req_index: int | None = None
     pixel_values: torch.Tensor | None = None
     pixel_values_videos: torch.Tensor | None = None
+    media_keys: Sequence | None = None
 
 
 @dataclass
@@ -73,7 +77,7 @@ class _Checked:
 
 
 _VLM_ONLY = ("media", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "mrope_positions", "pixel_values",
-             "pixel_values_videos")
+             "pixel_values_videos", "media_keys")
 
 
 def _check_requests(fam, requests: list) -> _Checked:

@@ -2,6 +2,7 @@
 cache; the ids equal HF's generate and generation without the cache; a shared image is encoded once, a second call
 hits, a budget that evicts mid-run changes nothing. Tiny fp32 models on the host."""
 
+import importlib
 from dataclasses import replace
 
 import pytest
@@ -149,6 +150,34 @@ def test_two_models_share_a_cache_without_sharing_entries(monkeypatch):
     count = _Count(a, monkeypatch)
     sshf.generate(a, reqs, max_new_tokens=1, encoder_cache=cache)
     assert count.items == 0
+
+
+def test_media_keys_name_items_in_place_of_their_pixels(monkeypatch):
+    """``media_keys`` (an engine's own hashes) name the entries: no pixel is hashed, a shared key is encoded once,
+    items given as tensors under keys stay after the call, ``1``, ``"1"`` and ``b"1"`` are three keys."""
+    model = tiny_model("qwen3_vl", seed=7)
+    model.generation_config.eos_token_id = None
+    reqs, hfs = _prompts(model, seed=5)
+    ref = [hf_generate(model, 6, **h) for h in hfs]
+    named = [replace(reqs[0], media_keys=["img-A", b"vid"]), replace(reqs[1], media_keys=[1, "1"]),
+             replace(reqs[2], media_keys=["img-A"]), reqs[3]]  # prompt 2's image is prompt 0's
+    gen = importlib.import_module("slabstage.hf.generate")  # (the module: slabstage.hf.generate is a function too)
+    monkeypatch.setattr(gen, "content_keys", lambda *a, **k: pytest.fail("pixels hashed despite media_keys"))
+    count = _Count(model, monkeypatch)
+    cache = EncoderCache(input_embeds_width(model), torch.float32, "cpu", 1 << 20)
+    for _ in range(2):
+        assert sshf.generate(model, named, max_new_tokens=6, token_budget=16, encoder_cache=cache) == ref
+    assert count.items == 4 and len(cache) == 4
+    given = tiny_request(model, [(1, 4, 4)], (), text_lens=[3, 2], generator=torch.Generator().manual_seed(2))[0]
+    want = sshf.generate(model, [given], max_new_tokens=3)
+    assert sshf.generate(model, [replace(given, media_keys=[b"1"])], max_new_tokens=3, encoder_cache=cache) == want
+    assert len(cache) == 5  # kept: it has a name
+    with pytest.raises(ValueError, match=r"request 0: media_keys must be a list of 2 keys"):
+        sshf.generate(model, [replace(reqs[0], media_keys=["a"])], encoder_cache=cache)
+    with pytest.raises(TypeError, match=r"request 0: media_keys\[1\] must be bytes, str or int"):
+        sshf.generate(model, [replace(reqs[0], media_keys=["a", 2.0])], encoder_cache=cache)
+    with pytest.raises(ValueError, match="media_keys but .* is a text-only model"):
+        sshf.pack_requests(tiny_model("qwen2"), [sshf.Request(torch.arange(4), media_keys=["a"])])
 
 
 def test_content_keys_are_whole_digests_of_content():
