@@ -17,7 +17,7 @@ from ..entry import Entry
 from .reads import Reads
 from .rows import Rows
 
-__all__ = ["EncoderCache", "Entry", "StaleEntryError"]
+__all__ = ["EncoderCache", "Entry", "StaleEntryError", "CacheFullError"]
 
 DEVICE, HOST = 0, 1  # tiers
 _FREE = -1
@@ -25,6 +25,10 @@ _FREE = -1
 
 class StaleEntryError(LookupError):
     """A handle to an entry that was evicted or overwritten since it was taken."""
+
+
+class CacheFullError(ValueError):
+    """An entry larger than the device budget, or items the budget cannot hold at once."""
 
 
 _KEY_TYPES = frozenset((bytes, str, int))
@@ -209,7 +213,7 @@ class EncoderCache:
     def _place(self, key, rows: int) -> Entry:
         """A new device entry of ``rows`` rows under ``key`` (replacing one there), evicting as needed."""
         if rows > self.arena.shape[0]:
-            raise ValueError(f"an entry of {rows} rows exceeds the cache's device budget of "
+            raise CacheFullError(f"an entry of {rows} rows exceeds the cache's device budget of "
                              f"{self.arena.shape[0]} rows ({self.row_bytes} bytes a row)")
         old = self._slot_of.get(key)
         if old is not None:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..cache.encoder_cache import EncoderCache
+from ..cache.encoder_cache import CacheFullError, EncoderCache
 from ..checks import check_int, is_int
 from ..graph_runner.batch import PrefillBatch
 from ..graph_runner.buckets import default_token_buckets
@@ -279,15 +279,15 @@ class Generator:
             try:
                 if req.pixel_values is None and req.pixel_values_videos is None:  # items given as tensors
                     for j in read:
-                        item = media[j]
-                        media[j] = cache.get(seq.keys[j]) or cache.put(seq.keys[j], tuple(item)
-                                                                          if type(item) is list else item)
+                        item = tuple(media[j]) if type(media[j]) is list else media[j]
+                        rows = (item[0] if type(item) is tuple else item).shape[0]
+                        media[j] = cache.get(seq.keys[j], rows=rows) or cache.put(seq.keys[j], item)
                 elif read:
                     for j, entry in zip(read, self._encode(seq, read)):
                         media[j] = entry
-            except ValueError as e:  # (its inputs were checked: the budget could not hold its items at once)
+            except CacheFullError as e:  # (the budget could not hold the step's items at once)
                 if last:
-                    raise ValueError(f"slabstage.hf.generate: request {seq.index}: the encoder cache cannot hold "
+                    raise CacheFullError(f"slabstage.hf.generate: request {seq.index}: the encoder cache cannot hold "
                                      f"the items of tokens [{a}, {b}): {e}") from e
                 return None
             out.append(media)

@@ -6,6 +6,7 @@ from itertools import accumulate
 
 import torch
 
+from ..cache.encoder_cache import CacheFullError
 from ._checks import check_grid, check_pixels, grid_rows
 from ._family import family_of
 
@@ -66,7 +67,8 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
     cached are not encoded again (their rows are checked against their grid); the tower runs on the others'
     pixels alone and their outputs are put in the cache. Returns the items' cache handles
     (:class:`~slabstage.cache.Entry`), which :func:`pack_requests` and :class:`slabstage.PrefillBatch` take as
-    items; raises ``ValueError`` when the cache cannot hold them all at once.
+    items; raises :class:`~slabstage.cache.CacheFullError` (a ``ValueError``) when the cache cannot hold them all
+    at once.
     """
     fam = family_of(model, "media_items")
     if not fam.is_vlm:
@@ -111,7 +113,7 @@ def _through_cache(fam, cache, keys: list, pixels, grid, video: bool) -> list:
     for key, rows in zip(keys, sizes):
         entry = cache.get(key, rows=rows)
         if entry is None:
-            raise ValueError(f"slabstage.hf.media_items: the cache's budget cannot hold this call's items at "
+            raise CacheFullError(f"slabstage.hf.media_items: the cache's budget cannot hold this call's items at "
                              f"once (item {key!r} of {rows} rows was evicted by the next ones)")
         items.append(entry)
     return items

@@ -172,6 +172,8 @@ def test_media_keys_name_items_in_place_of_their_pixels(monkeypatch):
     want = sshf.generate(model, [given], max_new_tokens=3)
     assert sshf.generate(model, [replace(given, media_keys=[b"1"])], max_new_tokens=3, encoder_cache=cache) == want
     assert len(cache) == 5  # kept: it has a name
+    with pytest.raises(ValueError, match="holds 4 rows but 6 were expected"):  # a name reused for other rows
+        sshf.generate(model, [replace(reqs[1], media_keys=["x", b"1"])], encoder_cache=cache)
     with pytest.raises(ValueError, match=r"request 0: media_keys must be a list of 2 keys"):
         sshf.generate(model, [replace(reqs[0], media_keys=["a"])], encoder_cache=cache)
     with pytest.raises(TypeError, match=r"request 0: media_keys\[1\] must be bytes, str or int"):
