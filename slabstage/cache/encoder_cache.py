@@ -214,7 +214,7 @@ class EncoderCache:
         """A new device entry of ``rows`` rows under ``key`` (replacing one there), evicting as needed."""
         if rows > self.arena.shape[0]:
             raise CacheFullError(f"an entry of {rows} rows exceeds the cache's device budget of "
-                             f"{self.arena.shape[0]} rows ({self.row_bytes} bytes a row)")
+                                 f"{self.arena.shape[0]} rows ({self.row_bytes} bytes a row)")
         old = self._slot_of.get(key)
         if old is not None:
             self._drop(old)

@@ -267,7 +267,7 @@ class Generator:
         """Each chunk's request's items for a prefill step (``chunks``: ``(seq, start, end)``): as given, or (with
         an encoder cache) the entries of the items the chunk reads, the misses encoded now, and placeholders of
         the others; None when an entry taken for this step was evicted by a later one of it (the budget cannot
-        hold the step's items at once; ``last``: raise that ``ValueError`` instead)."""
+        hold the step's items at once; ``last``: raise that :class:`CacheFullError` instead)."""
         cache, out, taken = self.encoder_cache, [], []
         for seq, a, b in chunks:
             req = seq.request
@@ -287,8 +287,8 @@ class Generator:
                         media[j] = entry
             except CacheFullError as e:  # (the budget could not hold the step's items at once)
                 if last:
-                    raise CacheFullError(f"slabstage.hf.generate: request {seq.index}: the encoder cache cannot hold "
-                                     f"the items of tokens [{a}, {b}): {e}") from e
+                    raise CacheFullError(f"slabstage.hf.generate: request {seq.index}: the encoder cache cannot "
+                                         f"hold the items of tokens [{a}, {b}): {e}") from e
                 return None
             out.append(media)
             taken += (media[j] for j in read)

@@ -113,7 +113,7 @@ def _through_cache(fam, cache, keys: list, pixels, grid, video: bool) -> list:
     for key, rows in zip(keys, sizes):
         entry = cache.get(key, rows=rows)
         if entry is None:
-            raise CacheFullError(f"slabstage.hf.media_items: the cache's budget cannot hold this call's items at "
-                             f"once (item {key!r} of {rows} rows was evicted by the next ones)")
+            raise CacheFullError(f"slabstage.hf.media_items: the cache's budget cannot hold this call's items "
+                                 f"at once (item {key!r} of {rows} rows was evicted by the next ones)")
         items.append(entry)
     return items
