@@ -67,7 +67,8 @@ class EncoderCache:
         self.bases = (self.arena.data_ptr(), self.host.data_ptr())
         self.free = (Rows(self.arena.shape[0]), Rows(self.host.shape[0]))
         self.lru = (OrderedDict(), OrderedDict())  # per tier: slot -> None, least recently used first
-        self.reads = Reads(self.device)
+        self.reads = Reads(self.device)  # the stagings and replays that read each entry
+        self.writes = Reads(self.device)  # the cache's own copies (and puts') into each entry's rows
         self._slot_of: dict = {}  # key -> slot
         self.keys: list = []  # per slot: its key (None: a free slot)
         self.gens: list = []  # per slot: its generation (bumped when its entry goes)
@@ -77,6 +78,7 @@ class EncoderCache:
         self.addrs: list = []  # per slot: the address of its first row
         self.handles: list = []  # per slot: the handle of its whole entry (made once a generation: a hit is a lookup)
         self._spare: list = []  # free slots
+        self._written: dict = {}  # slot -> (event, raw stream) of a demotion's copy into its host rows, maybe queued
         self.vec = not (self.row_bytes & 15 or self.bases[0] & 15 or (self.host.numel() and self.bases[1] & 15))
         self._spans = [(f"the encoder cache's {name} rows", base, base + t.shape[0] * self.row_bytes)
                        for name, base, t in zip(("device", "host"), self.bases, self.arenas) if t.shape[0]]
@@ -184,6 +186,8 @@ class EncoderCache:
             raise ValueError(f"media item {i} is an entry of another EncoderCache: a batch's entries come from one")
         if list(map(self.gens.__getitem__, slots)) != list(gens):
             self._check_live(entries[next(i for i, (s, g) in enumerate(zip(slots, gens)) if self.gens[s] != g)])
+        if self._written:
+            self._after_writes(slots)
         n, addrs = len(slots), list(map(self.addrs.__getitem__, slots))
         if firsts.count(0) != n:  # parts of entries: their first rows
             rb = self.row_bytes
@@ -197,6 +201,17 @@ class EncoderCache:
         """``(name, first byte, end byte)`` of the arenas (what a staging call checks its destinations against;
         ``span_lows`` and ``span_highs`` hold their first and end bytes)."""
         return self._spans
+
+    def _after_writes(self, slots) -> None:
+        """The current stream waits for the copies into the host rows of ``slots`` that a demotion queued on
+        another stream (one CUDA call while one may be queued; none once it is done, or on the same stream)."""
+        written, stream = self._written, torch.cuda.current_stream(self.device)
+        for slot in set(slots).intersection(written):
+            event, raw = written[slot]
+            if event.query():
+                del written[slot]
+            elif raw != stream.cuda_stream:
+                stream.wait_event(event)
 
     # -- entries ---------------------------------------------------------------------------
     def _view(self, slot: int) -> torch.Tensor:
@@ -225,12 +240,14 @@ class EncoderCache:
                            (self.addrs, 0), (self.handles, None)):
                 col.append(v)
             self.reads.grow(slot + 1)
+            self.writes.grow(slot + 1)
         self.keys[slot], self.tiers[slot], self.ats[slot], self.lens[slot] = key, DEVICE, at, rows
         self.addrs[slot] = self.bases[DEVICE] + at * self.row_bytes
         self.gens[slot] += 1
         self._slot_of[key] = slot
         self.lru[DEVICE][slot] = None
         entry = self.handles[slot] = _new(Entry, (self, slot, self.gens[slot], 0, rows))
+        self.writes.note((slot,))  # the write into them (a put's copy, an encoder's) is queued on this stream
         return entry
 
     def _room(self, tier: int, rows: int) -> int:
@@ -260,10 +277,12 @@ class EncoderCache:
         del self.lru[DEVICE][slot]
         src = self._view(slot)
         self.arenas[HOST][at:at + rows].copy_(src, non_blocking=True)
-        events = self.reads.take(slot)
-        self.reads.note((slot,))  # the copy reads the device rows (and writes the host ones)
-        events += self.reads.take(slot)
-        self.free[DEVICE].give(self.ats[slot], rows, events)
+        self.writes.note((slot,))  # the copy reads the device rows: they are free after it
+        self.free[DEVICE].give(self.ats[slot], rows, self.reads.take(slot) + self.writes.take(slot))
+        self.writes.note((slot,))  # and writes the host rows: they are freed after it too
+        if self.reads.cuda:  # and a staging on another stream reads them after it
+            stream = torch.cuda.current_stream(self.device)
+            self._written[slot] = (stream.record_event(), stream.cuda_stream)
         self.tiers[slot], self.ats[slot] = HOST, at
         self.addrs[slot] = self.bases[HOST] + at * self.row_bytes
         self.lru[HOST][slot] = None
@@ -271,7 +290,8 @@ class EncoderCache:
     def _drop(self, slot: int) -> None:
         tier = self.tiers[slot]
         del self.lru[tier][slot]
-        self.free[tier].give(self.ats[slot], self.lens[slot], self.reads.take(slot))
+        self.free[tier].give(self.ats[slot], self.lens[slot], self.reads.take(slot) + self.writes.take(slot))
+        self._written.pop(slot, None)
         del self._slot_of[self.keys[slot]]
         self.keys[slot], self.tiers[slot], self.lens[slot], self.handles[slot] = None, _FREE, 0, None
         self.gens[slot] += 1

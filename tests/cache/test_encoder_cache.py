@@ -270,6 +270,54 @@ def test_cuda_caller_capture_refuses_entries():
 
 
 @pytest.mark.cuda
+def test_cuda_a_staging_on_another_stream_reads_a_demoted_entry_after_its_copy():
+    """A put on a busy stream demotes entry "a" (its device-to-host copy queued behind a long sleep) and drops
+    "c" (too big for the host tier) for its rows, so the host does not wait; a staging of "a" on another stream,
+    which never waits for the busy one, reads the host rows after that copy."""
+    g = gen(22)
+    W, V, n = 64, 30, 40
+    cache = cache_for(W, BF16, "cuda", rows=36, host_rows=16)
+    A, B, C = randn(g, 16, W, BF16, "cuda"), randn(g, 20, W, BF16, "cuda"), randn(g, 20, W, BF16, "cuda")
+    ids, table = randint(g, 0, V, n, device="cuda"), randn(g, V, W, BF16, "cuda")
+    index = index_for(g, n, 16, "cuda")
+    want = poisoned(n, W, BF16, "cuda")
+    stage(want, ids, table, media=A, media_index=index)
+    a = cache.put("a", A)
+    cache.put("c", C)
+    torch.cuda.synchronize()
+    busy, other = torch.cuda.Stream(), torch.cuda.Stream()
+    slab, errors = poisoned(n, W, BF16, "cuda"), new_error_word(torch.device("cuda"))
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(200_000_000)  # a busy GPU
+        cache.put("b", B)  # "a" goes to the host tier (a copy queued behind the sleep), "c" is dropped
+    assert cache.tier(a) == "host" and "c" not in cache and not busy.query()  # (the host did not wait)
+    with torch.cuda.stream(other):
+        stage_embeddings(slab, ids, table, errors=errors, media=[a], media_index=index)
+    torch.cuda.synchronize()
+    assert same_bytes(slab, want)
+
+
+@pytest.mark.cuda
+def test_cuda_rows_of_an_entry_whose_put_is_queued_are_not_reused_from_another_stream():
+    """Entry "a" is put behind a long sleep and evicted at once; "b", put from another stream, does not take
+    its rows until that copy has run (else the late copy of "a" would land on "b")."""
+    g = gen(23)
+    W = 64
+    cache = cache_for(W, BF16, "cuda", rows=16)
+    A, B = randn(g, 16, W, BF16, "cuda"), randn(g, 16, W, BF16, "cuda")
+    torch.cuda.synchronize()
+    busy, other = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(200_000_000)
+        cache.put("a", A)
+        cache.evict("a")
+    with torch.cuda.stream(other):
+        b = cache.put("b", B)  # every row is written by the queued put: the host waits for it, then writes
+    torch.cuda.synchronize()
+    assert same_bytes(cache.rows_of(b), B)
+
+
+@pytest.mark.cuda
 def test_cuda_host_far_ahead_never_overwrites_rows_a_queued_staging_reads():
     """A staging queued behind a long device sleep on one stream reads entries; the host then evicts them and
     puts new items from another stream: the new rows are written only after that staging read the old ones."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from slabstage.cache import reads as reads_mod
+from builders import Later  # noqa: I001 - tests/builders.py
+
+from slabstage.cache import EncoderCache, reads as reads_mod
 from slabstage.cache.reads import Reads
 
 
@@ -74,3 +76,69 @@ def test_a_reader_given_as_an_event_is_kept_beside_later_stream_readers(monkeypa
     r.note((0,), stream=(1, "a"))
     got = r.take(0)
     assert explicit in got and any(e.stream == "a" for e in got)
+
+
+class FakeStream:
+    """A stream as the cache sees it: its handle, events recorded on it, the events it was told to wait for."""
+
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream, self.waits = handle, []
+
+    def record_event(self):
+        event = Later()
+        event.stream = self
+        return event
+
+    def wait_event(self, event) -> None:
+        self.waits.append(event)
+
+
+def _cuda_cache(monkeypatch, rows: int, host_rows: int, streams: dict):
+    """A host EncoderCache whose bookkeeping runs as on CUDA: fake events, the current stream ``streams["now"]``."""
+    monkeypatch.setattr(reads_mod.torch.cuda, "Event", Later)
+    monkeypatch.setattr(Later, "record", lambda self, stream: setattr(self, "stream", stream), raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
+    cache = EncoderCache(4, torch.float32, "cpu", rows * 16, host_budget_bytes=host_rows * 16)
+    cache.reads.cuda = cache.writes.cuda = True
+    return cache
+
+
+def test_a_put_queued_on_one_stream_keeps_its_rows_from_a_put_on_another(monkeypatch):
+    """An entry evicted while its put may still be queued: its rows are not reused until that write is done
+    (a put from another stream waits for it when no other rows are free)."""
+    s1, s2 = FakeStream(1), FakeStream(2)
+    streams = {"now": s1}
+    cache = _cuda_cache(monkeypatch, rows=4, host_rows=0, streams=streams)
+    cache.put("a", torch.ones(4, 4))
+    cache.evict("a")
+    (write,) = cache.free[0].free[0][2]  # the freed rows carry the put's event, not yet done
+    assert write.stream is s1 and not write.done
+    streams["now"] = s2
+    cache.put("b", torch.ones(4, 4))
+    assert write.done  # the host waited for it: no other rows were free
+
+
+def test_a_staging_on_another_stream_waits_for_a_demotions_copy(monkeypatch):
+    """A demotion's device-to-host copy, queued on one stream: a staging of that entry on another stream waits
+    for its event, one on the same stream does not, and once it is done nobody waits."""
+    s0, s1, s2 = FakeStream(0), FakeStream(1), FakeStream(2)
+    streams = {"now": s0}
+    cache = _cuda_cache(monkeypatch, rows=9, host_rows=4, streams=streams)
+    a = cache.put("a", torch.ones(4, 4))
+    cache.put("c", torch.ones(5, 4))
+    for run in cache.writes.events:  # their puts have run
+        for mark in run:
+            mark.event().done = True
+    streams["now"] = s1
+    cache.put("b", torch.ones(5, 4))  # demotes "a" (a copy queued on s1), drops "c" (too big for the host tier)
+    assert cache.tier(a) == "host" and "c" not in cache
+    copy, _ = cache._written[a.slot]
+    assert copy.stream is s1
+    cache.locate([a])  # the staging's stream is the copy's
+    assert not s1.waits
+    streams["now"] = s2
+    cache.locate([a])
+    assert s2.waits == [copy]
+    copy.done = True
+    cache.locate([a])
+    assert s2.waits == [copy] and a.slot not in cache._written
