@@ -204,7 +204,10 @@ class EncoderCache:
 
     def _after_writes(self, slots) -> None:
         """The current stream waits for the copies into the host rows of ``slots`` that a demotion queued on
-        another stream (one CUDA call while one may be queued; none once it is done, or on the same stream)."""
+        another stream (one CUDA call while one may be queued; none once it is done, or on the same stream). Not
+        while capturing: entries are refused there."""
+        if torch.cuda.is_current_stream_capturing():
+            return
         written, stream = self._written, torch.cuda.current_stream(self.device)
         for slot in set(slots).intersection(written):
             event, raw = written[slot]

@@ -98,6 +98,7 @@ def _cuda_cache(monkeypatch, rows: int, host_rows: int, streams: dict):
     monkeypatch.setattr(reads_mod.torch.cuda, "Event", Later)
     monkeypatch.setattr(Later, "record", lambda self, stream: setattr(self, "stream", stream), raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     cache = EncoderCache(4, torch.float32, "cpu", rows * 16, host_budget_bytes=host_rows * 16)
     cache.reads.cuda = cache.writes.cuda = True
     return cache
