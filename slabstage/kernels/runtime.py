@@ -75,6 +75,14 @@ else:  # pragma: no cover
     Constant = cast_to = None
 
 
+def use_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch for the staging kernel on ``device``: a CUDA device of compute capability
+    9.0 or later (Hopper), unless ``SLABSTAGE_PDL=0``. The kernel then starts while the launch before it
+    finishes and waits for it (``griddepcontrol.wait``) before its first read."""
+    return (HAS_TRITON and not INTERPRET and device.type == "cuda" and os.environ.get("SLABSTAGE_PDL", "1") != "0"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def use_triton(device: torch.device) -> bool:
     """Triton runs on CUDA devices, and on the CPU under TRITON_INTERPRET=1."""
     return HAS_TRITON and (device.type == "cuda" or (INTERPRET and device.type == "cpu"))
