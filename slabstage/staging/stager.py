@@ -110,6 +110,7 @@ class Stager:
                                                           None if slab is None else slab.element_size(),
                                                           self.num_slots, req)
         self.pdl = self.constexprs["PDL"] = bool(self.triton and use_pdl(device))
+        self._pdl = {"launch_pdl": True} if self.pdl else {}  # (a launch option older Tritons do not know)
         self.program_cols, self.row_programs = self.constexprs["BLOCK"], self.constexprs["ROW_PROGRAMS"]
         self.width = 0 if slab is None else slab.shape[1]  # (the slab's width: every slab a stager serves has it)
         self._items_at = HEADER_WORDS + (SOURCE_WORDS + DEST_WORDS) * self.num_slots
@@ -370,7 +371,7 @@ class Stager:
         slab = dst.slab if dst.slab is not None else dst.errors
         with launch_lock(dst.device):
             stage_kernel[(grid,)](params, dst.errors, slab, **self.constexprs, num_warps=self.num_warps,
-                                  launch_pdl=self.pdl)
+                                  **self._pdl)
 
     def _fetch(self, grid: int) -> None:
         args = (self.ring.tensor, self.counter, self.params, self.ring.slot_words, self.ring.k)

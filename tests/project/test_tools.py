@@ -34,7 +34,6 @@ CHECKS = {
     "gpu_hf.sh": __name__,
     "gpu_run_phases.sh": __name__,
     "gpu_sanitize.sh": __name__,
-    "pdl_ab.sh": __name__,
 }
 PYTHON = sorted(n for n in CHECKS if n.endswith(".py"))
 SHELL = sorted(n for n in CHECKS if n.endswith(".sh"))
