@@ -42,9 +42,11 @@ _ARGS = ("params_ptr", "errors_ptr", "slab_ptr")
 _DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
-def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
-    """Global load counts of the kernel for a slab of ``width`` columns of ``slab`` dtype."""
+def load_counts(width: int, slab: str = "bf16", slots: bool = True, pdl: bool = False) -> dict:
+    """Global load counts of the kernel for a slab of ``width`` columns of ``slab`` dtype (``pdl``: the instance
+    launched with programmatic dependent launch)."""
     constexprs, num_warps = launch_settings(width, _DTYPES[slab], len(SLOTS) if slots else 0, 8)
+    constexprs["PDL"] = pdl
     block = constexprs["BLOCK"]
     names = [*_ARGS, *constexprs]
     signature = dict(params_ptr="*i64", errors_ptr="*i32", slab_ptr=f"*{slab}",
@@ -61,7 +63,8 @@ def load_counts(width: int, slab: str = "bf16", slots: bool = True) -> dict:
     expected = 2 * (2 * v16 + v32) + v16 + v32
     return dict(width=width, slab=slab, block=block, num_warps=num_warps, loads=len(re.findall(r"ld\.global", ptx)),
                 loads_v4=len(re.findall(r"ld\.global[^\n]*\.v4", ptx)), expected_v4=expected,
-                registers=registers(ptx), compile_s=round(compile_s, 2), cubin_bytes=len(kernel.asm.get("cubin", b"")))
+                registers=registers(ptx), compile_s=round(compile_s, 2), cubin_bytes=len(kernel.asm.get("cubin", b"")),
+                pdl=pdl, gdc_waits=len(re.findall(r"griddepcontrol\.wait", ptx)))
 
 
 def registers(ptx: str) -> int | None:
@@ -86,7 +89,9 @@ if __name__ == "__main__":
                                                  "configuration.")
     parser.add_argument("configs", nargs="*", default=["4096:bf16", "8192:bf16", "4096:fp32"],
                         help="slab configurations WIDTH:DTYPE (dtype bf16, fp16 or fp32; default: %(default)s)")
-    for config in parser.parse_args().configs:
+    parser.add_argument("--pdl", action="store_true", help="the instance launched with programmatic dependent launch")
+    args = parser.parse_args()
+    for config in args.configs:
         width, slab = config.split(":")
-        print(json.dumps(load_counts(int(width), slab)))
+        print(json.dumps(load_counts(int(width), slab, pdl=args.pdl)))
     sys.exit(0)

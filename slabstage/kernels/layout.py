@@ -58,7 +58,7 @@ COLUMN_BLOCK_WORDS = 4
 # -- how the kernels tile a batch -----------------------------------------------------------
 TOKEN_ROWS = 128  # integer-slot rows per program
 ITEM_CHUNK = 32  # item starts read per vector load when finding a media row's item
-FETCH_CHUNK = 512  # parameter-record words a fetch program copies (4 KiB)
+FETCH_CHUNK = 4096  # parameter-record words a fetch program copies (32 KiB: most records in one program's read)
 
 NO_INPUT, INT32_CODE, INT64_CODE = 0, 1, 2  # (4 bytes a code)
 INT_CODE = {torch.int32: INT32_CODE, torch.int64: INT64_CODE}

@@ -75,6 +75,20 @@ else:  # pragma: no cover
     Constant = cast_to = None
 
 
+try:  # programmatic dependent launch (triton 3.4 and later)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older triton, or none
+    gdc_launch_dependents = gdc_wait = None
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch for the staging kernel on ``device``: a CUDA device of compute capability
+    9.0 or later (Hopper) and a Triton that has it, unless ``SLABSTAGE_PDL=0``. The kernel then starts while the
+    launch before it finishes and waits for it (``griddepcontrol.wait``) before its first read."""
+    return (gdc_wait is not None and not INTERPRET and device.type == "cuda"
+            and os.environ.get("SLABSTAGE_PDL", "1") != "0" and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def use_triton(device: torch.device) -> bool:
     """Triton runs on CUDA devices, and on the CPU under TRITON_INTERPRET=1."""
     return HAS_TRITON and (device.type == "cuda" or (INTERPRET and device.type == "cpu"))

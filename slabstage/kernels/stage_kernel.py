@@ -23,6 +23,8 @@ from __future__ import annotations
 from .layout import TOKEN_ROWS, device as K
 from .embed_rows import media_row, media_row_vec, text_row
 from .runtime import next_pow2, row_launch_config, tl, triton
+
+from .runtime import gdc_launch_dependents, gdc_wait
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
 __all__ = ["stage_kernel", "fetch_kernel", "launch_settings", "grid_size"]
@@ -37,7 +39,7 @@ def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, r
         block, num_warps = row_launch_config(width, elem_bytes)
         piece = min(block, 32 * num_warps * 8 // elem_bytes)  # unpromised loads: 8 bytes a thread at a time
     return dict(EMBED=width is not None, WIDTH=width or 1, BLOCK=block, ROW_PROGRAMS=-(-(width or 1) // block),
-                NUM_SLOTS=num_slots, REQ_BLOCK=next_pow2(req_rows), PIECE=piece), num_warps
+                NUM_SLOTS=num_slots, REQ_BLOCK=next_pow2(req_rows), PIECE=piece, PDL=False), num_warps
 
 
 def grid_size(pad_to: int, num_slots: int, row_programs: int) -> int:
@@ -52,8 +54,10 @@ if triton is not None:
     @triton.jit
     def stage_kernel(params_ptr, errors_ptr, slab_ptr,
                      EMBED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, ROW_PROGRAMS: tl.constexpr,
-                     NUM_SLOTS: tl.constexpr, REQ_BLOCK: tl.constexpr, PIECE: tl.constexpr):
+                     NUM_SLOTS: tl.constexpr, REQ_BLOCK: tl.constexpr, PIECE: tl.constexpr, PDL: tl.constexpr):
         tl.static_assert(_KEY >= 0)  # (reads the layout constants' checksum: see slabstage.kernels.layout)
+        if PDL:  # launched before the work ahead of it completes (the fetch, a copy): wait for it first
+            gdc_wait()
         pid = tl.program_id(0)
         n = tl.load(params_ptr + K.H_N)
         pad_to = tl.load(params_ptr + K.H_PAD_TO)  # rows past it are left alone: a grid may cover more
@@ -182,11 +186,13 @@ if triton is not None:
                     tl.store(dst + cols, tl.zeros((BLOCK,), OUT), mask=col_ok)
 
     @triton.jit
-    def fetch_kernel(ring_ptr, counter_ptr, params_ptr, slot_words, k, CHUNK: tl.constexpr):
+    def fetch_kernel(ring_ptr, counter_ptr, params_ptr, slot_words, k, CHUNK: tl.constexpr, PDL: tl.constexpr):
         """Copy the next step's parameter record from the pinned ring into the device one: slot
         ``(counter + 1) % k``, its first ``H_WORDS`` words; ``CHUNK`` words a program (the programs past its end copy
         nothing). The first launch of every captured graph."""
         tl.static_assert(_KEY >= 0)
+        if PDL:  # the staging kernel may launch now: it waits for this grid to complete before reading
+            gdc_launch_dependents()
         src = ring_ptr + ((tl.load(counter_ptr) + 1) % k) * slot_words
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)

@@ -25,7 +25,7 @@ from ..kernels.layout import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F
                               H_TABLE, H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS,
                               HEADER_WORDS, INT_CODE, LAYOUT_CODE, MAX_ITEM_WORDS, REQUESTS, ROWS, S_ADDR, S_DTYPE,
                               S_STRIDE, SEGMENT_WORDS, SOURCE_WORDS)
-from ..kernels.runtime import launch_lock, next_pow2, use_triton
+from ..kernels.runtime import launch_lock, next_pow2, use_pdl, use_triton
 from ..kernels.stage_kernel import fetch_kernel, grid_size, launch_settings, stage_kernel
 from .destinations import Destinations
 from .mrope import float_word
@@ -109,6 +109,8 @@ class Stager:
         self.constexprs, self.num_warps = launch_settings(None if slab is None else slab.shape[1],
                                                           None if slab is None else slab.element_size(),
                                                           self.num_slots, req)
+        self.pdl = self.constexprs["PDL"] = bool(self.triton and use_pdl(device))
+        self._pdl = {"launch_pdl": True} if self.pdl else {}  # (a launch option older Tritons do not know)
         self.program_cols, self.row_programs = self.constexprs["BLOCK"], self.constexprs["ROW_PROGRAMS"]
         self.width = 0 if slab is None else slab.shape[1]  # (the slab's width: every slab a stager serves has it)
         self._items_at = HEADER_WORDS + (SOURCE_WORDS + DEST_WORDS) * self.num_slots
@@ -368,12 +370,13 @@ class Stager:
         dst = self.dst
         slab = dst.slab if dst.slab is not None else dst.errors
         with launch_lock(dst.device):
-            stage_kernel[(grid,)](params, dst.errors, slab, **self.constexprs, num_warps=self.num_warps)
+            stage_kernel[(grid,)](params, dst.errors, slab, **self.constexprs, num_warps=self.num_warps,
+                                  **self._pdl)
 
     def _fetch(self, grid: int) -> None:
         args = (self.ring.tensor, self.counter, self.params, self.ring.slot_words, self.ring.k)
         with launch_lock(self.dst.device):
-            fetch_kernel[(grid,)](*args, CHUNK=FETCH_CHUNK, num_warps=4)
+            fetch_kernel[(grid,)](*args, CHUNK=FETCH_CHUNK, PDL=self.pdl, num_warps=4)
 
     # -- one call -------------------------------------------------------------------------------
     def stage(self, src, pad_to) -> Checked:

@@ -69,3 +69,19 @@ def test_registers_leave_room_for_five_programs_an_sm(counts):
 def test_a_slab_one_column_wide_compiles(compiled_all):
     assert [(c["width"], c["block"]) for c in compiled_all[len(CONFIGS):]] == [(1, 1)]
 
+
+
+def test_the_pdl_instance_waits_once_and_costs_no_registers(counts):
+    """Launched with programmatic dependent launch, the kernel waits for the work ahead of it once
+    (``griddepcontrol.wait``) and holds the registers and loads of the instance without it."""
+    pdl = compiled(["--pdl", "4096:bf16"])[0]
+    plain = counts[0]
+    assert (plain["pdl"], plain["gdc_waits"], pdl["gdc_waits"]) == (False, 0, 1)
+    assert (pdl["registers"], pdl["loads"]) == (plain["registers"], plain["loads"])
+
+
+def test_pdl_only_where_a_kernel_is_compiled_for_cuda():
+    import torch
+
+    from slabstage.kernels.runtime import use_pdl
+    assert not use_pdl(torch.device("cpu"))
