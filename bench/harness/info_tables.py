@@ -69,7 +69,9 @@ def _ab_profile_lines(infos: list[dict]) -> list[str]:
     for i in infos:
         for side, p in i["profile"].items():
             kernels = "; ".join(f"{name.replace('|', '/')} {us:.1f}" for name, us in (p.get("by_kernel") or {}).items())
-            out.append(_row([i.get("case"), i.get("tokens", ""), side, fmt_us(p.get("span_us", 0.0)), kernels or "–"]))
+            name = i.get("impl") if side == "ours" else i.get("reference_impl") if side == "reference" else side
+            out.append(_row([i.get("case"), i.get("tokens", ""), name or side, fmt_us(p.get("span_us", 0.0)),
+                             kernels or "–"]))
     return out + [""]
 
 
