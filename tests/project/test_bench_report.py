@@ -90,8 +90,10 @@ def test_a_replays_profile_is_shown_kernel_by_kernel():
                 ratio=2.14, target="<=1.2", met=False, rounds=100, profile=profile)
     text = markdown("encoder_cache", _doc([{"name": "test_replay[256]", "stats": {"median": 0.5},
                                             "extra_info": info}]))
-    assert "| replay device | 256 | ours | 11.5 µs | fetch_kernel 2.1; stage_kernel 3.9; mul 1.5 |" in text
-    assert "| replay device | 256 | reference | 6.0 µs | _lightllm_style_kernel 3.2; mul 1.5 |" in text
+    # each side named as the comparison names it (a suite compares one case against several references)
+    assert "| replay device | 256 | runner replay | 11.5 µs | fetch_kernel 2.1; stage_kernel 3.9; mul 1.5 |" in text
+    assert ("| replay device | 256 | LightLLM kernel + forward in a graph | 6.0 µs | _lightllm_style_kernel 3.2; "
+            "mul 1.5 |") in text
 
 
 def test_step_figures_sum_the_gpu_work_inside_each_range_by_kernel():
