@@ -268,10 +268,14 @@ class EncoderCache:
                     self._drop(victim)
                 continue
             pending = free.pending()  # every entry gone, but queued work still reads the freed rows
-            if not pending:
+            if pending:
+                pending[0].synchronize()
+                continue
+            at = free.take(rows)  # (that work may have finished between the take above and this look)
+            if at is None:
                 raise RuntimeError(f"slabstage: the encoder cache has no run of {rows} free rows "
                                    f"({free.free_rows()} free in all, fragmented)")
-            pending[0].synchronize()
+            return at
 
     def _demote(self, slot: int) -> None:
         """Move a device entry to the host tier (a queued copy), keeping its key and generation."""

@@ -9,6 +9,7 @@ from builders import Later  # noqa: I001 - tests/builders.py
 
 from slabstage.cache import EncoderCache, reads as reads_mod
 from slabstage.cache.reads import Reads
+from slabstage.cache.rows import Rows
 
 
 class FakeEvent:
@@ -143,3 +144,25 @@ def test_a_staging_on_another_stream_waits_for_a_demotions_copy(monkeypatch):
     copy.done = True
     cache.locate([a])
     assert s2.waits == [copy] and a.slot not in cache._written
+
+
+
+def test_rows_whose_readers_finish_while_the_cache_looks_are_taken_not_refused(monkeypatch):
+    """A put that must wait for the rows of the entry it evicts, whose queued work finishes between the cache's
+    take and its look for work to wait on: the put takes the rows (before, it raised "fragmented" with every
+    row free: a race the H200 met in a benchmark's setup)."""
+    streams = {"now": FakeStream(1)}
+    cache = _cuda_cache(monkeypatch, rows=4, host_rows=4, streams=streams)
+    looked = Rows.pending
+
+    def finished_just_now(rows):  # the device finishes that work as the cache looks for it
+        for run in rows.free:
+            for event in run[2]:
+                event.done = True
+        return looked(rows)
+
+    monkeypatch.setattr(Rows, "pending", finished_just_now)
+    cache.put("a", torch.ones(4, 4))
+    b = cache.put("b", torch.full((4, 4), 2.0))  # demotes "a": its rows wait for its put and the demotion's copy
+    assert cache.tier(b) == "device" and cache.tier(cache.get("a")) == "host"
+    assert torch.equal(cache.rows_of(b), torch.full((4, 4), 2.0))
