@@ -43,11 +43,14 @@ DEV = torch.device("cuda")
 
 def _time(bench, metric, request, calls):
     """Time ``calls[i]()`` in round ``i``: device time (``bench`` is ``device_bench``), latency, or the host time
-    of the call alone (behind the head start, no sync)."""
+    of the call alone behind a busy device (the queue drained, then the head start; no sync in the call: without
+    the drain the host would run rounds ahead and meet the stager's ring full, timing the device instead)."""
     between = request.getfixturevalue("between_rounds") if metric != "latency" else torch.cuda.synchronize
     it = iter(calls)
 
     def setup():
+        if metric == "host":
+            torch.cuda.synchronize()
         between()
         return (next(it),), {}
 
