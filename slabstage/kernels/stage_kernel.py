@@ -22,9 +22,7 @@ from __future__ import annotations
 
 from .layout import TOKEN_ROWS, device as K
 from .embed_rows import media_row, media_row_vec, text_row
-from .runtime import next_pow2, row_launch_config, tl, triton
-
-from .runtime import gdc_launch_dependents, gdc_wait
+from .runtime import gdc_launch_dependents, gdc_wait, next_pow2, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
 __all__ = ["stage_kernel", "fetch_kernel", "launch_settings", "grid_size"]

@@ -146,7 +146,6 @@ def test_a_staging_on_another_stream_waits_for_a_demotions_copy(monkeypatch):
     assert s2.waits == [copy] and a.slot not in cache._written
 
 
-
 def test_rows_whose_readers_finish_while_the_cache_looks_are_taken_not_refused(monkeypatch):
     """A put that must wait for the rows of the entry it evicts, whose queued work finishes between the cache's
     take and its look for work to wait on: the put takes the rows (before, it raised "fragmented" with every

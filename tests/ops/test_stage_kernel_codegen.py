@@ -70,7 +70,6 @@ def test_a_slab_one_column_wide_compiles(compiled_all):
     assert [(c["width"], c["block"]) for c in compiled_all[len(CONFIGS):]] == [(1, 1)]
 
 
-
 def test_the_pdl_instance_waits_once_and_costs_no_registers(counts):
     """Launched with programmatic dependent launch, the kernel waits for the work ahead of it once
     (``griddepcontrol.wait``) and holds the registers and loads of the instance without it."""
