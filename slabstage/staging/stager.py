@@ -25,7 +25,7 @@ from ..kernels.layout import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F
                               H_TABLE, H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS,
                               HEADER_WORDS, INT_CODE, LAYOUT_CODE, MAX_ITEM_WORDS, REQUESTS, ROWS, S_ADDR, S_DTYPE,
                               S_STRIDE, SEGMENT_WORDS, SOURCE_WORDS)
-from ..kernels.runtime import launch_lock, next_pow2, use_pdl, use_triton
+from ..kernels.runtime import DirectLaunch, launch_lock, next_pow2, use_pdl, use_triton
 from ..kernels.stage_kernel import fetch_kernel, grid_size, launch_settings, stage_kernel
 from .destinations import Destinations
 from .mrope import float_word
@@ -110,7 +110,9 @@ class Stager:
                                                           None if slab is None else slab.element_size(),
                                                           self.num_slots, req)
         self.pdl = self.constexprs["PDL"] = bool(self.triton and use_pdl(device))
-        self._pdl = {"launch_pdl": True} if self.pdl else {}  # (a launch option older Tritons do not know)
+        pdl = {"launch_pdl": True} if self.pdl else {}  # (a launch option older Tritons do not know)
+        self._launch = DirectLaunch(stage_kernel, self.constexprs, num_warps=self.num_warps, **pdl) \
+            if self.triton else None
         self.program_cols, self.row_programs = self.constexprs["BLOCK"], self.constexprs["ROW_PROGRAMS"]
         self.width = 0 if slab is None else slab.shape[1]  # (the slab's width: every slab a stager serves has it)
         self._items_at = HEADER_WORDS + (SOURCE_WORDS + DEST_WORDS) * self.num_slots
@@ -369,9 +371,9 @@ class Stager:
     def _kernel(self, grid: int, params: torch.Tensor) -> None:
         dst = self.dst
         slab = dst.slab if dst.slab is not None else dst.errors
+        raw = _raw_stream(self._index) if dst.device.type == "cuda" else 0
         with launch_lock(dst.device):
-            stage_kernel[(grid,)](params, dst.errors, slab, **self.constexprs, num_warps=self.num_warps,
-                                  **self._pdl)
+            self._launch(grid, raw, params, dst.errors, slab)
 
     def _fetch(self, grid: int) -> None:
         args = (self.ring.tensor, self.counter, self.params, self.ring.slot_words, self.ring.k)
