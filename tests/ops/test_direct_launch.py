@@ -8,7 +8,11 @@ what it is given; the CUDA tests launch the staging kernel itself this way.
 import pytest
 import torch
 
+from slabstage import new_error_word, stage_embeddings
 from slabstage.kernels import runtime
+from slabstage.staging import op_stagers
+from builders import gen, poisoned, randint, randn, same_bytes  # noqa: I001 - tests/builders.py
+from expected import expected_slab  # noqa: I001 - tests/expected.py
 
 
 class Compiled:
@@ -95,3 +99,79 @@ def test_under_the_interpreter_every_launch_is_a_jit_call():
     assert d.direct is (runtime._knobs is not None and not runtime.INTERPRET)
     if runtime.INTERPRET:
         assert [e[0] for e in fn.log] == ["jit", "jit"]
+
+
+# -- on a GPU: the staging kernel itself ------------------------------------------------------------------------
+class Counting:
+    """The staging kernel, counting its JIT calls."""
+
+    def __init__(self, fn):
+        self.fn, self.arg_names, self.jit_calls = fn, fn.arg_names, 0
+
+    def __getitem__(self, grid):
+        self.jit_calls += 1
+        return self.fn[grid]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("width", [64, 33])
+def test_on_a_gpu_views_aligned_or_not_get_exact_slabs_and_aligned_ones_skip_the_jit_call(width):
+    """Views of one poisoned slab at row offsets 0..7 (a bf16 row of 33 columns is 66 bytes: only offset 0 is
+    16-byte aligned), new ids and media each time, under the sync check: each view holds exactly the expected
+    slab, and every launch after the first aligned one went past the JIT call."""
+    dev, T, V = torch.device("cuda"), 48, 50
+    g = gen(5)
+    table = randn(g, V, width, device=dev)
+    base, errors = poisoned(T + 8, width, torch.bfloat16, dev), new_error_word(dev)
+    stage_embeddings(base, randint(g, 0, V, 4, device=dev), table, errors=errors)  # (the stager, compiled)
+    launch = op_stagers.slab_stager(base, errors)[1]._launch
+    launch.fn = counting = Counting(launch.fn)
+    launch.compiled.clear()
+    for off in range(8):
+        view, n = base[off:off + T], 20 + off
+        ids, media = randint(g, 0, V, n, device=dev), randn(g, 6, width, device=dev)
+        mi = torch.full((n,), -1, dtype=torch.int64)
+        mi[3 + off:9 + off] = torch.arange(6)
+        before, index = view.clone(), mi.to(dev)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            stage_embeddings(view, ids, table, media=media, media_index=index, errors=errors, pad_to=n + 3)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        expected, _ = expected_slab(before, ids, table, media, mi, pad_to=n + 3)
+        assert same_bytes(view, expected), f"the view at row {off}"
+    assert launch.direct
+    aligned = [off for off in range(8) if (off * width * 2) % 16 == 0]
+    assert counting.jit_calls == 1 + 8 - len(aligned)  # the first aligned launch, and every unaligned one
+    assert list(launch.compiled) == [(torch.int64, torch.int32, torch.bfloat16)]
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_a_launch_hook_sees_every_staging_launch():
+    """A profiler's launch hook (Triton's knobs) is called for each staging launch, direct launches or not."""
+    knobs = pytest.importorskip("triton.knobs")
+    dev = torch.device("cuda")
+    slab, errors = torch.zeros(16, 64, dtype=torch.bfloat16, device=dev), new_error_word(dev)
+    table, ids = torch.randn(10, 64, device=dev), torch.arange(10, device=dev)
+    stage_embeddings(slab, ids, table, errors=errors)
+    stage_embeddings(slab, ids, table, errors=errors)  # (later launches of this stager would be direct)
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata)
+
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        chain.add(hook)
+    else:  # (Triton 3.4: one hook)
+        knobs.runtime.launch_enter_hook = hook
+    try:
+        for _ in range(3):
+            stage_embeddings(slab, ids, table, errors=errors)
+    finally:
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+        else:
+            knobs.runtime.launch_enter_hook = None
+    torch.cuda.synchronize()
+    assert len(seen) == 3
