@@ -41,10 +41,10 @@ _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every stager not yet collected
 _RETIRED: list = []  # [event or None, stream, held]: what a collected stager held, until its device work ends
 _RETIRED_LOCK = threading.Lock()
 _CAPTURED: list = []  # what collected stagers held whose launches a caller's graph captured (replays read it)
-try:  # the current stream's handle, as an int (cheaper than a Stream object)
-    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+try:  # the current stream's handle, as an int (cheaper than a Stream object), and the current device's index
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream, _cuda_getDevice as _current_device
 except ImportError:  # pragma: no cover - a torch without CUDA
-    _raw_stream = None
+    _raw_stream = _current_device = None
 
 
 def capture_stream(device: torch.device) -> torch.cuda.Stream:
@@ -371,9 +371,14 @@ class Stager:
     def _kernel(self, grid: int, params: torch.Tensor) -> None:
         dst = self.dst
         slab = dst.slab if dst.slab is not None else dst.errors
-        raw = _raw_stream(self._index) if dst.device.type == "cuda" else 0
-        with launch_lock(dst.device):
-            self._launch(grid, raw, params, dst.errors, slab)
+        if dst.device.type != "cuda":
+            with launch_lock(dst.device):
+                self._launch(grid, 0, params, dst.errors, slab)
+        elif _current_device() == self._index:
+            self._launch(grid, _raw_stream(self._index), params, dst.errors, slab)
+        else:  # (Triton compiles for and launches on the current device: make it the destinations')
+            with torch.cuda.device(self._index):
+                self._launch(grid, _raw_stream(self._index), params, dst.errors, slab)
 
     def _fetch(self, grid: int) -> None:
         args = (self.ring.tensor, self.counter, self.params, self.ring.slot_words, self.ring.k)
