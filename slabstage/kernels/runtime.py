@@ -29,12 +29,17 @@ SOFT_CASTS = INTERPRET
 # The interpreter keeps per-launch state in module globals: two Python threads launching at once
 # corrupt each other's launch. Every interpreter launch holds this lock.
 INTERPRETER_LOCK = threading.Lock()
-_NO_LOCK = contextlib.nullcontext()
+_NOTHING = contextlib.nullcontext()
 
 
-def launch_lock(device: torch.device):
-    """What a launch on ``device`` holds: the interpreter's lock on the CPU, nothing on a GPU."""
-    return INTERPRETER_LOCK if device.type == "cpu" else _NO_LOCK
+def launch_context(device: torch.device):
+    """What a launch on ``device`` runs in: the interpreter's lock on the CPU; on a GPU, ``device`` made the
+    current one when it is not (Triton compiles for and launches on the current device)."""
+    if device.type == "cpu":
+        return INTERPRETER_LOCK
+    if device.index is None or torch.cuda.current_device() == device.index:
+        return _NOTHING
+    return torch.cuda.device(device.index)
 
 
 if HAS_TRITON:

@@ -11,7 +11,7 @@ import torch
 from ..checks import INT32_MAX, check_int, is_int
 from ..kernels.layout import MEDIA_COUNT_MISMATCH
 from ..kernels.media_index import media_index_from_counts_kernel
-from ..kernels.runtime import launch_lock, use_triton
+from ..kernels.runtime import launch_context, use_triton
 from .errors import check_error_word, default_error_word
 from .reference import media_index_from_mask_reference
 
@@ -149,6 +149,6 @@ def media_index_from_mask(is_media: torch.Tensor, num_media_rows: int, *, src_st
     launch = media_index_from_counts_kernel[(-(-n // block),)]
     args = dict(mask_ptr=is_media, counts_ptr=counts, index_ptr=index, errors_ptr=errors, n=n,
                 num_media=num_media_rows, src_start=src_start, BLOCK=block, MISMATCH=MEDIA_COUNT_MISMATCH)
-    with launch_lock(is_media.device):  # the interpreter's launches share module state: one at a time
+    with launch_context(is_media.device):  # (the interpreter's launches share module state: one at a time)
         launch(**args)
     return index

@@ -25,7 +25,7 @@ from ..kernels.layout import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F
                               H_TABLE, H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS,
                               HEADER_WORDS, INT_CODE, LAYOUT_CODE, MAX_ITEM_WORDS, REQUESTS, ROWS, S_ADDR, S_DTYPE,
                               S_STRIDE, SEGMENT_WORDS, SOURCE_WORDS)
-from ..kernels.runtime import DirectLaunch, launch_lock, next_pow2, use_pdl, use_triton
+from ..kernels.runtime import DirectLaunch, launch_context, next_pow2, use_pdl, use_triton
 from ..kernels.stage_kernel import fetch_kernel, grid_size, launch_settings, stage_kernel
 from .destinations import Destinations
 from .mrope import float_word
@@ -41,10 +41,10 @@ _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every stager not yet collected
 _RETIRED: list = []  # [event or None, stream, held]: what a collected stager held, until its device work ends
 _RETIRED_LOCK = threading.Lock()
 _CAPTURED: list = []  # what collected stagers held whose launches a caller's graph captured (replays read it)
-try:  # the current stream's handle, as an int (cheaper than a Stream object), and the current device's index
-    from torch._C import _cuda_getCurrentRawStream as _raw_stream, _cuda_getDevice as _current_device
+try:  # the current stream's handle, as an int (cheaper than a Stream object)
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
 except ImportError:  # pragma: no cover - a torch without CUDA
-    _raw_stream = _current_device = None
+    _raw_stream = None
 
 
 def capture_stream(device: torch.device) -> torch.cuda.Stream:
@@ -371,18 +371,12 @@ class Stager:
     def _kernel(self, grid: int, params: torch.Tensor) -> None:
         dst = self.dst
         slab = dst.slab if dst.slab is not None else dst.errors
-        if dst.device.type != "cuda":
-            with launch_lock(dst.device):
-                self._launch(grid, 0, params, dst.errors, slab)
-        elif _current_device() == self._index:
-            self._launch(grid, _raw_stream(self._index), params, dst.errors, slab)
-        else:  # (Triton compiles for and launches on the current device: make it the destinations')
-            with torch.cuda.device(self._index):
-                self._launch(grid, _raw_stream(self._index), params, dst.errors, slab)
+        with launch_context(dst.device):
+            self._launch(grid, _raw_stream(self._index) if dst.device.type == "cuda" else 0, params, dst.errors, slab)
 
     def _fetch(self, grid: int) -> None:
         args = (self.ring.tensor, self.counter, self.params, self.ring.slot_words, self.ring.k)
-        with launch_lock(self.dst.device):
+        with launch_context(self.dst.device):
             fetch_kernel[(grid,)](*args, CHUNK=FETCH_CHUNK, PDL=self.pdl, num_warps=4)
 
     # -- one call -------------------------------------------------------------------------------
