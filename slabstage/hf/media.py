@@ -75,10 +75,7 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
         raise TypeError(f"slabstage.hf.media_items: {type(model).__name__} ({fam.name}) has no vision tower")
     cache = encoder_cache
     if cache is not None:
-        count = sum(0 if g is None else len(g) for g in (image_grid_thw, video_grid_thw))
-        if type(keys) not in (list, tuple) or len(keys) != count:
-            raise ValueError(f"slabstage.hf.media_items: encoder_cache= needs keys=, a list of one key per item "
-                             f"({count})")
+        _check_keys(keys, image_grid_thw, video_grid_thw)
     items, at = [], 0
     for pixels, grid, video in ((pixel_values, image_grid_thw, False), (pixel_values_videos, video_grid_thw, True)):
         if pixels is None:
@@ -96,6 +93,13 @@ def media_items(model, pixel_values=None, image_grid_thw=None, pixel_values_vide
             items += _through_cache(fam, cache, keys[at:at + len(host)], pixels, host, video)
             at += len(host)
     return items
+
+
+def _check_keys(keys, *grids) -> None:
+    """``keys``: a list (or tuple) of one key per row of the grids given."""
+    count = sum(0 if g is None else len(g) for g in grids)
+    if type(keys) not in (list, tuple) or len(keys) != count:
+        raise ValueError(f"slabstage.hf.media_items: encoder_cache= needs keys=, a list of one key per item ({count})")
 
 
 def _through_cache(fam, cache, keys: list, pixels, grid, video: bool) -> list:
