@@ -343,3 +343,80 @@ def test_cuda_host_far_ahead_never_overwrites_rows_a_queued_staging_reads():
     torch.cuda.synchronize()
     assert same_bytes(slab, want)
     assert same_bytes(cache.rows_of(cache.get("c")), C) and same_bytes(cache.rows_of(cache.get("d")), D)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_runner_steps_with_puts_hits_and_evictions_under_queued_work(seed, device):
+    """Random steps through the runner (graph replays on CUDA): each puts new items (column blocks or not;
+    on CUDA some from another stream) into a cache small enough that they evict entries queued staging
+    still reads, demoting some to the host tier, then stages a batch of cached entries (new and hit)
+    with host integer inputs while, on CUDA, the device is still busy with earlier steps (nothing here waits
+    for it before the end). A snapshot of each step's slab, queued behind it, equals the slab built from the
+    items' values; a handle taken before its entry went is refused."""
+    import random
+    rnd, dg = random.Random(seed), torch.Generator(device=device).manual_seed(seed)
+    cuda = device.type == "cuda"
+    H, k, V = 16, 2, 40
+    W = H * (1 + k)
+    buffers = StagingBuffers.allocate(max_num_tokens=96, max_batch_size=4, embed_width=W, embed_dtype=BF16,
+                                      device=device)
+    runner = PrefillGraphRunner(lambda v: v["input_embeds"] * 2, buffers, buckets=[48, 96], progress=False)
+    runner.capture()
+    cache = cache_for(W, BF16, device, rows=40, host_rows=16)
+    table = torch.randn(V, H, generator=dg, device=device).to(BF16)
+    main = torch.cuda.current_stream() if cuda else None
+    other = torch.cuda.Stream() if cuda else None
+    items, stale, snaps, steps, refused = {}, [], [], [], 0
+    g = gen(seed)
+    for step in range(16):
+        if cuda and rnd.random() < 0.7:
+            torch.cuda._sleep(20_000_000)  # the device busy: the host queues this step behind earlier ones
+        for j in range(rnd.randint(1, 2)):  # new items: each may evict entries the queued steps read
+            key, rows, blocks = f"s{step}-{j}", rnd.randint(3, 12), rnd.choice([1, 2, 3])
+            widths = [H] * blocks if blocks > 1 else [W if rnd.random() < 0.5 else H]
+            item = tuple(torch.randn(rows, w, generator=dg, device=device).to(BF16) for w in widths)
+            item = item if blocks > 1 else item[0]
+            if cuda and rnd.random() < 0.5:
+                other.wait_stream(main)  # (the item was made on the current stream)
+                with torch.cuda.stream(other):
+                    cache.put(key, item)
+                main.wait_stream(other)  # (staging it on the current stream: the caller's ordering)
+            else:
+                cache.put(key, item)
+            items[key] = item
+        live = [key for key in items if key in cache]
+        keys = rnd.sample(live, min(len(live), rnd.randint(1, 3)))
+        entries = [cache.get(key, rows=blocks_rows(items[key])) for key in keys]
+        total = sum(map(blocks_rows, map(items.get, keys)))
+        n = rnd.randint(total, 96)
+        ids, index = randint(g, 0, V, n), index_for(g, n, total, "cpu")  # (host inputs: no copy, no sync)
+        batch = PrefillBatch(input_ids=ids, positions=torch.arange(n), table=table, media=entries,
+                             media_index=index, expand="zeros")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            runner.run(batch)
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(0)
+        snaps.append(buffers.input_embeds[:n].clone())  # (queued behind the step)
+        steps.append((ids, index, keys))
+        stale += [(key, e) for key, e in zip(keys, entries)]
+        for _, e in [(key, e) for key, e in stale if key not in cache or cache.get(key).gen != e.gen][:1]:
+            with pytest.raises(StaleEntryError):  # refused before anything is written or queued
+                runner.run(PrefillBatch(input_ids=randint(g, 0, V, e.rows), positions=torch.arange(e.rows),
+                                        table=table, media=[e], media_index=torch.arange(e.rows), expand="zeros"))
+            stale = [s for s in stale if s[1] is not e]
+            refused += 1
+    host_table = table.cpu()
+    for step, (snap, (ids, index, keys)) in enumerate(zip(snaps, steps)):
+        want = F.pad(host_table[ids], (0, W - H))
+        rows = index >= 0
+        want[rows] = torch.cat([wide(items[key], W).cpu() for key in keys])[index[rows]]
+        assert same_bytes(snap.cpu(), want), f"step {step}: the slab differs from the items' values"
+    assert runner.stats()["replays" if cuda else "eager"], runner.stats()
+    assert refused and len(items) > len(cache), "the steps evicted nothing"
+
+
+def blocks_rows(item) -> int:
+    return (item[0] if type(item) is tuple else item).shape[0]
