@@ -63,7 +63,7 @@ bench: setup
 	$(PY) bench/run.py
 
 bench-report: setup
-	$(PY) bench/report.py
+	$(PY) bench/report.py --readme README.md
 
 profile: setup
 	$(PY) bench/nvtx_workload.py

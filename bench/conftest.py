@@ -32,6 +32,7 @@ if not HAS_CUDA:  # before slabstage is imported: the kernels read it when they 
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import fnmatch  # noqa: E402
+import importlib.metadata  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -315,8 +316,15 @@ def _cuda_driver_api():
     return None
 
 
+def _version_of(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def gpu_info() -> dict:
-    """What the figures depend on: GPU, SMs, memory, driver, CUDA, torch, triton."""
+    """What the figures depend on: GPU, SMs, memory, driver, CUDA, torch, triton, transformers."""
     try:
         import triton
 
@@ -324,7 +332,7 @@ def gpu_info() -> dict:
     except ImportError:
         triton_version = None
     info = {"torch": torch.__version__, "triton": triton_version, "device": DEVICE.type,
-            "python": platform.python_version()}
+            "python": platform.python_version(), "transformers": _version_of("transformers")}
     if not HAS_CUDA:
         info["gpu"] = None
         return info

@@ -8,7 +8,8 @@ ceiling (:mod:`.tables`); the tables of figures a benchmark keeps in its
 it also writes ``<suite>.png``: median time against tokens, log-log, one line per
 implementation, the copy floor (bytes / ceiling) dotted; one panel per metric and
 width (:mod:`.plots`); and where ``prefill.json`` and ``generate.json`` are there, ``engine.png``: the prefill
-step, time to first token and decode tokens/s against Hugging Face's.
+step, time to first token and decode tokens/s against Hugging Face's. ``headline.md`` is the README's "Measured"
+table (:mod:`.headline`); ``--readme README.md`` writes it into the README as well.
 
 The suites put what the report needs in each benchmark's ``extra_info``: ``impl``,
 ``shape``, ``tokens``, ``width``, ``metric``, and for device time ``fraction_of_ceiling``
@@ -23,6 +24,8 @@ import sys
 from pathlib import Path
 
 from . import RESULTS_DIR
+from .headline import SUITES as HEADLINE_SUITES
+from .headline import headline, write_readme
 from .info_tables import info_tables
 from .plots import engine_plot, plot, pyplot
 from .tables import Row, load_rows, machine_line, metric_tables
@@ -76,6 +79,10 @@ def write_reports(results: Path, out: Path | None = None, *, plots: bool = True,
             png = plot(suite, data, out / f"{suite}.png", plt)
             if png is not None:
                 written.append(png)
+    if any((results / f"{s}.json").is_file() for s in HEADLINE_SUITES):  # the README's table
+        md = out / "headline.md"
+        md.write_text(headline(results))
+        written.append(md)
     if plt is not None:  # the engine figure, from the prefill and generate suites
         png = engine_plot(results, out / "engine.png", plt)
         if png is not None:
@@ -90,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: the results folder)")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="also write the headline table into this README, between its markers")
     args = parser.parse_args(argv)
     results = args.results or RESULTS_DIR
     if not results.is_dir():
@@ -101,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     if not written:
         print(f"bench report: no benchmark JSON in {results}", file=sys.stderr)
         return 1
+    if args.readme is not None:
+        write_readme(args.readme, results)
+        written.append(args.readme)
     for path in written:
         log(f"wrote {path}")
     return 0

@@ -11,6 +11,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 RESULTS = BENCH / "results"
 sys.path.insert(0, str(BENCH))  # the harness lives beside the suites, not in the package
 try:
+    from harness.headline import BEGIN, END, MISSING, headline, readme_block, write_readme
     from harness.profile import step_figures
     from harness.report import markdown
 finally:
@@ -128,3 +129,30 @@ def test_the_engine_figure_is_drawn_from_the_prefill_and_generate_figures(tmp_pa
                            str(tmp_path), "--quiet"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "engine.png").stat().st_size > 10_000
+
+
+def test_the_readmes_measured_table_is_written_from_bench_results():
+    """Every figure the README's "Measured" table quotes is a suite's: the block between its markers is what
+    ``python bench/report.py --readme README.md`` writes from bench/results."""
+    readme = (BENCH.parent / "README.md").read_text()
+    assert readme_block(readme) == headline(RESULTS)
+
+
+def test_the_headline_shows_a_case_missing_from_the_result_set_and_writes_between_the_markers(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    case = {"replay_ms": 59.3, "hf_per_request_ms": 73.5, "dense_ms": 115.3, "speedup_vs_hf": 1.24,
+            "speedup_vs_dense": 1.94}
+    doc = _doc([{"name": f"test_prefill[packed_{b}x1024]", "extra_info": case} for b in (16, 4)])
+    doc["datetime"] = "2026-12-05T05:06:05+00:00"
+    (results / "prefill.json").write_text(json.dumps(doc))
+    text = headline(results)
+    assert text.startswith("One NVIDIA H200, 2026-12-05.")
+    assert "| 59.3 / 59.3 ms | HF one request at a time 73.5 / 73.5 ms;" in text
+    assert text.count(MISSING) == 7  # every other row: the set has no such case
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{BEGIN}\nold table\n{END}\n\nafter\n")
+    write_readme(readme, results)
+    assert readme.read_text() == f"# x\n\n{BEGIN}\n{text}{END}\n\nafter\n"
+    with pytest.raises(ValueError, match="markers|block"):
+        readme_block("# no markers")
