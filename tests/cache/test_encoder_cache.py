@@ -345,7 +345,7 @@ def test_cuda_host_far_ahead_never_overwrites_rows_a_queued_staging_reads():
     assert same_bytes(cache.rows_of(cache.get("c")), C) and same_bytes(cache.rows_of(cache.get("d")), D)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_runner_steps_with_puts_hits_and_evictions_under_queued_work(seed, device):
     """Random steps through the runner (graph replays on CUDA): each puts new items (column blocks or not;
     on CUDA some from another stream) into a cache small enough that they evict entries queued staging
