@@ -16,7 +16,7 @@ __all__ = ["BEGIN", "END", "headline", "readme_block", "write_readme"]
 BEGIN = "<!-- measured: written by `python bench/report.py --readme README.md` from bench/results -->"
 END = "<!-- /measured -->"
 SUITES = ("prefill", "generate", "encoder_cache")
-PLOT = "![Prefill step, time to first token and decode tokens/s against Hugging Face](bench/results/engine.png)"
+PLOT = "![Prefill step, time to first token and decode tokens/s against Hugging Face]({})"
 MISSING = "not in this result set"
 
 
@@ -123,8 +123,9 @@ def _machine(docs: dict) -> str:
     return ", ".join(parts) + "."
 
 
-def headline(results: Path) -> str:
-    """The block the README's "Measured" section holds: the machine line, the table, the plot."""
+def headline(results: Path, plot: str = "bench/results/engine.png") -> str:
+    """The block the README's "Measured" section holds: the machine line, the table, the plot (``plot``: its
+    path from where the block is written)."""
     docs = _load(results)
     index = {(s, b.get("name")): b.get("extra_info") or {} for s, d in docs.items() for b in d.get("benchmarks", [])}
 
@@ -132,7 +133,7 @@ def headline(results: Path) -> str:
         return index[(suite, name)]
     lines = [_machine(docs), "", "| what | slabstage | reference | ratio |", "| --- | ---: | --- | ---: |"]
     lines += [f"| {' | '.join(r)} |" for r in _rows(case)]
-    return "\n".join(lines + ["", PLOT]) + "\n"
+    return "\n".join(lines + ["", PLOT.format(plot)]) + "\n"
 
 
 def readme_block(text: str) -> str:

@@ -81,7 +81,7 @@ def write_reports(results: Path, out: Path | None = None, *, plots: bool = True,
                 written.append(png)
     if any((results / f"{s}.json").is_file() for s in HEADLINE_SUITES):  # the README's table
         md = out / "headline.md"
-        md.write_text(headline(results))
+        md.write_text(headline(results, plot="engine.png"))
         written.append(md)
     if plt is not None:  # the engine figure, from the prefill and generate suites
         png = engine_plot(results, out / "engine.png", plt)
