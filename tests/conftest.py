@@ -153,7 +153,7 @@ def stage_path(request, monkeypatch):
     """The one staging path on its Triton kernel (the interpreter on CPU) or on its PyTorch reference: every
     stager, made before or after, takes the path asked for."""
     from slabstage.staging.stager import Stager
-    from slabstage.kernels.runtime import use_triton
+    from slabstage.staging.launch import use_triton
 
     on_cuda = "device" in request.fixturenames and request.getfixturevalue("device").type == "cuda"
     if request.param == "reference" and on_cuda:

@@ -11,7 +11,7 @@ import torch
 from ..checks import INT32_MAX, check_int, is_int
 from ..kernels.layout import MEDIA_COUNT_MISMATCH
 from ..kernels.media_index import media_index_from_counts_kernel
-from ..kernels.runtime import launch_context, use_triton
+from .launch import launch_context, use_triton
 from .errors import check_error_word, default_error_word
 from .reference import media_index_from_mask_reference
 

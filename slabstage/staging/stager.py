@@ -25,7 +25,8 @@ from ..kernels.layout import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F
                               H_TABLE, H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS,
                               HEADER_WORDS, INT_CODE, LAYOUT_CODE, MAX_ITEM_WORDS, REQUESTS, ROWS, S_ADDR, S_DTYPE,
                               S_STRIDE, SEGMENT_WORDS, SOURCE_WORDS)
-from ..kernels.runtime import DirectLaunch, launch_context, next_pow2, use_pdl, use_triton
+from ..kernels.runtime import next_pow2
+from .launch import DirectLaunch, launch_context, use_pdl, use_triton
 from ..kernels.stage_kernel import fetch_kernel, grid_size, launch_settings, stage_kernel
 from .destinations import Destinations
 from .mrope import float_word

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from slabstage import new_error_word, stage_embeddings
-from slabstage.kernels import runtime
+from slabstage.staging import launch as launches
 from slabstage.staging import op_stagers
 from builders import gen, poisoned, randint, randn, same_bytes  # noqa: I001 - tests/builders.py
 from expected import expected_slab  # noqa: I001 - tests/expected.py
@@ -40,9 +40,9 @@ class Jit:
 
 @pytest.fixture
 def launch(monkeypatch):
-    monkeypatch.setattr(runtime, "_hooks_set", lambda: False)
+    monkeypatch.setattr(launches, "_hooks_set", lambda: False)
     fn = Jit()
-    d = runtime.DirectLaunch(fn, {"FLAG": True, "WIDTH": 7}, num_warps=4)
+    d = launches.DirectLaunch(fn, {"FLAG": True, "WIDTH": 7}, num_warps=4)
     d.direct = True  # (as on a GPU with Triton 3.4 or later)
     return fn, d
 
@@ -85,19 +85,19 @@ def test_launch_hooks_see_every_launch(launch, monkeypatch):
     fn, d = launch
     a, b = torch.zeros(8, dtype=torch.int64), torch.zeros(4, dtype=torch.float32)
     d(1, 0, a, b)
-    monkeypatch.setattr(runtime, "_hooks_set", lambda: True)
+    monkeypatch.setattr(launches, "_hooks_set", lambda: True)
     d(1, 0, a, b)
     assert [e[0] for e in fn.log] == ["jit", "jit"]
 
 
 def test_under_the_interpreter_every_launch_is_a_jit_call():
     fn = Jit()
-    d = runtime.DirectLaunch(fn, {"FLAG": True, "WIDTH": 7})
+    d = launches.DirectLaunch(fn, {"FLAG": True, "WIDTH": 7})
     a, b = torch.zeros(8, dtype=torch.int64), torch.zeros(4, dtype=torch.float32)
     d(1, 0, a, b)
     d(1, 0, a, b)
-    assert d.direct is (runtime._knobs is not None and not runtime.INTERPRET)
-    if runtime.INTERPRET:
+    assert d.direct is (launches._knobs is not None and not launches.INTERPRET)
+    if launches.INTERPRET:
         assert [e[0] for e in fn.log] == ["jit", "jit"]
 
 

@@ -82,5 +82,5 @@ def test_the_pdl_instance_waits_once_and_costs_no_registers(counts):
 def test_pdl_only_where_a_kernel_is_compiled_for_cuda():
     import torch
 
-    from slabstage.kernels.runtime import use_pdl
+    from slabstage.staging.launch import use_pdl
     assert not use_pdl(torch.device("cpu"))
