@@ -5,6 +5,7 @@ kernels (:class:`DirectLaunch`)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 
@@ -13,6 +14,8 @@ import torch
 from ..kernels.runtime import HAS_TRITON, INTERPRET, gdc_wait, triton
 
 __all__ = ["DirectLaunch", "launch_context", "use_pdl", "use_triton", "INTERPRETER_LOCK"]
+
+log = logging.getLogger("slabstage")
 
 # The interpreter keeps per-launch state in module globals: two Python threads launching at once
 # corrupt each other's launch. Every interpreter launch holds this lock.
@@ -57,7 +60,9 @@ class DirectLaunch:
     aligned, is a JIT call, which compiles the kernel or finds it compiled; later ones call that compiled kernel's
     launcher with the same arguments. A JIT call serves the launches it cannot: under the interpreter, with
     another alignment, with a Triton whose launcher convention was not read (``_knobs``), while a profiler
-    has set Triton's launch hooks (they see every launch), and with ``SLABSTAGE_DIRECT_LAUNCH=0``."""
+    has set Triton's launch hooks (they see every launch), and with ``SLABSTAGE_DIRECT_LAUNCH=0``. A launcher
+    that refuses the arguments (it parses them before it launches anything) turns direct launches off for good,
+    with a warning: the JIT call then makes that launch and the later ones."""
 
     def __init__(self, fn, constexprs: dict, **options) -> None:
         self.fn, self.kw = fn, {**constexprs, **options}
@@ -72,13 +77,25 @@ class DirectLaunch:
             key = tuple(t.dtype for t in args) if aligned else None
             k = self.compiled.get(key)
             if k is not None and not _hooks_set():
-                k.run(grid, 1, 1, stream, k.function, k.packed_metadata, None, None, None, *args, *self.tail)
-                return
+                try:
+                    k.run(grid, 1, 1, stream, k.function, k.packed_metadata, None, None, None, *args, *self.tail)
+                    return
+                except (TypeError, AttributeError) as e:  # (refused before the launch: nothing was queued)
+                    self._give_up(e)
+                    self.fn[(grid,)](*args, **self.kw)
+                    return
             k = self.fn[(grid,)](*args, **self.kw)
             if key is not None:
                 self.compiled[key] = k
             return
         self.fn[(grid,)](*args, **self.kw)
+
+
+    def _give_up(self, error: Exception) -> None:
+        self.direct = False
+        log.warning("slabstage: %s's compiled launcher refused its arguments (%s: %s); launching it through "
+                    "Triton's JIT call from now on", getattr(self.fn, "__name__", "the kernel"), type(error).__name__,
+                    error)
 
 
 def _hooks_set() -> bool:

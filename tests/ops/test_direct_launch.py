@@ -61,6 +61,24 @@ def test_later_launches_call_the_compiled_kernel_with_the_jit_calls_arguments(la
     assert len(fn.log) == 2
 
 
+def test_a_launcher_that_refuses_the_arguments_turns_direct_launches_off(launch, caplog):
+    """A Triton whose compiled launcher takes its arguments otherwise raises before it launches anything: that
+    launch and every later one go through the JIT call, and a warning says so."""
+    fn, d = launch
+    a, b = torch.zeros(8, dtype=torch.int64), torch.zeros(4, dtype=torch.float32)
+    d(1, 0, a, b)
+
+    def refuse(*args):
+        fn.log.append(("refused", args))
+        raise TypeError("function takes exactly 13 arguments")
+    d.compiled[(torch.int64, torch.float32)].run = refuse
+    with caplog.at_level("WARNING", logger="slabstage"):
+        d(2, 0, a, b)
+        d(3, 0, a, b)
+    assert [e[0] for e in fn.log] == ["jit", "refused", "jit", "jit"] and fn.log[2][1] == (2,)
+    assert not d.direct and "refused its arguments" in caplog.text
+
+
 def test_another_dtype_is_a_jit_call_first(launch):
     fn, d = launch
     a = torch.zeros(8, dtype=torch.int64)
