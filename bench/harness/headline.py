@@ -81,10 +81,9 @@ def _rows(case) -> list[tuple]:
 
     def replay():
         def per(table, what):  # "16 entries; one entry", each at 256 / 2048 / 8192 rows
-            return "; ".join(_times(*(case("encoder_cache", f"test_replay[{table}-{i}-{n}]")[what]
-                                   for n in (256, 2048, 8192))) if what != "ratio" else
-                             _x(*(case("encoder_cache", f"test_replay[{table}-{i}-{n}]")[what]
-                                  for n in (256, 2048, 8192))) for i in (16, 1))
+            fmt = _x if what == "ratio" else _times
+            return "; ".join(fmt(*(case("encoder_cache", f"test_replay[{table}-{i}-{n}]")[what]
+                                   for n in (256, 2048, 8192))) for i in (16, 1))
         return (per("on the device", "ours_us"),
                 "LightLLM's kernel (as many images) and the forward in one graph, its image table already on the "
                 f"device: {per('on the device', 'reference_us')}. The same, its image table copied in before each "
