@@ -90,7 +90,6 @@ class DirectLaunch:
             return
         self.fn[(grid,)](*args, **self.kw)
 
-
     def _give_up(self, error: Exception) -> None:
         self.direct = False
         log.warning("slabstage: %s's compiled launcher refused its arguments (%s: %s); launching it through "
@@ -108,5 +107,3 @@ def _hooks_set() -> bool:
 def use_triton(device: torch.device) -> bool:
     """Triton runs on CUDA devices, and on the CPU under TRITON_INTERPRET=1."""
     return HAS_TRITON and (device.type == "cuda" or (INTERPRET and device.type == "cpu"))
-
-

@@ -26,9 +26,9 @@ from ..kernels.layout import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F
                               HEADER_WORDS, INT_CODE, LAYOUT_CODE, MAX_ITEM_WORDS, REQUESTS, ROWS, S_ADDR, S_DTYPE,
                               S_STRIDE, SEGMENT_WORDS, SOURCE_WORDS)
 from ..kernels.runtime import next_pow2
-from .launch import DirectLaunch, launch_context, use_pdl, use_triton
 from ..kernels.stage_kernel import fetch_kernel, grid_size, launch_settings, stage_kernel
 from .destinations import Destinations
+from .launch import DirectLaunch, launch_context, use_pdl, use_triton
 from .mrope import float_word
 from .reference import stage_reference
 from .ring import PinnedRing
