@@ -148,31 +148,53 @@ def block_m_for(head_dim: int, dtype: torch.dtype) -> int:
     return _config(head_dim, dtype)[0]
 
 
+def _smaller(config: tuple) -> tuple | None:
+    """The next config to try where ``config`` needs more shared memory than the GPU has (a head dim past 128,
+    a GPU with less than an H200's 227 KiB a block): one pipeline stage fewer, then key tiles half as long;
+    None past ``BLOCK_N`` 16, one stage. ``BLOCK_M`` stays: the caller's tile offsets were made for it."""
+    block_m, block_n, warps, stages = config
+    if stages > 1:
+        return block_m, block_n, warps, stages - 1
+    return (block_m, block_n // 2, warps, 1) if block_n > 16 else None
+
+
+_FITS: dict = {}  # (head_dim, dtype, device) -> the config that loaded there, when _config's did not
+
+
 def packed_attention(q, k, v, offsets, scale: float, k_cache=None, v_cache=None, table=None, *,
                      config: tuple | None = None) -> torch.Tensor:
     """``[T, H, D]``: the attention above through the Triton kernel. ``offsets``: :func:`request_offsets`'s tuple,
     or a callable ``offsets(block_m)`` returning it. ``k_cache``/``v_cache``/``table`` None: no prefix is read."""
     T, H, D = q.shape
-    group = H // k.shape[1]
-    block_m, block_n, warps, stages = config or _config(D, q.dtype)
-    lens, starts, prefix, req, tile_end = offsets(block_m) if callable(offsets) else offsets
+    fits = (D, q.dtype, q.device)
+    chosen = config = config or _FITS.get(fits) or _config(D, q.dtype)
+    lens, starts, prefix, req, tile_end = offsets(config[0]) if callable(offsets) else offsets
     B = lens.shape[0]
     out = torch.zeros(T, H, D, dtype=q.dtype, device=q.device)  # contiguous: HF's reshape after needs no copy
     has_cache = k_cache is not None
     if not has_cache:
         k_cache, v_cache, table = k, v, lens  # (unread)
-    grid = (triton.cdiv(T, block_m) + B, H)
-    _packed_attention_kernel[grid](
-        q, k, v, k_cache, v_cache, table, out, lens, starts, prefix, req, tile_end,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), table.stride(0) if has_cache else 0,
-        B, group, scale * 1.4426950408889634,
-        HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),  # (tl.dot takes K >= 16)
-        BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_B=triton.next_power_of_2(B), HAS_CACHE=has_cache,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRET=INTERPRET,
-        num_warps=warps, num_stages=stages)
-    return out
+    grid = (triton.cdiv(T, config[0]) + B, H)
+    args = (q, k, v, k_cache, v_cache, table, out, lens, starts, prefix, req, tile_end,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            table.stride(0) if has_cache else 0, B, H // k.shape[1], scale * 1.4426950408889634)
+    while True:
+        block_m, block_n, warps, stages = config
+        try:  # (a config that does not fit raises when its kernel loads, before anything is launched)
+            _packed_attention_kernel[grid](
+                *args, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),  # (tl.dot takes K >= 16)
+                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=triton.next_power_of_2(B), HAS_CACHE=has_cache,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRET=INTERPRET,
+                num_warps=warps, num_stages=stages)
+        except triton.OutOfResources:
+            config = _smaller(config)
+            if config is None:
+                raise
+            continue
+        if config is not chosen:
+            _FITS[fits] = config
+        return out
 
 
 def packed_attention_reference(q, k, v, seq_lens, starts, prefix_lens, req_indices, count, scale: float,

@@ -98,7 +98,7 @@ def test_unstaged_lengths_are_one_request(device):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_default_tiles_on_cuda(dtype, head_dim):
     lens, prefixes = [300, 1, 129, 64], [0, 77, 5, 250]
     q, k, v, kc, vc, table, s, _ = _case(head_dim, 28, 4, head_dim, dtype, "cuda", lens, prefixes, context=300)
@@ -114,3 +114,44 @@ def test_default_tiles_on_cuda(dtype, head_dim):
     torch.testing.assert_close(out.float(), ref, **tol)
     again = packed_attention(q, k, v, offsets, scale, kc, vc, table)
     assert torch.equal(out, again)  # deterministic
+
+
+def test_a_config_the_gpu_cannot_load_steps_down(device, monkeypatch):
+    """Where the GPU lacks the shared memory a config needs (Triton raises ``OutOfResources`` as the kernel loads,
+    before it launches), the launcher tries fewer pipeline stages, then shorter key tiles at the same ``BLOCK_M``,
+    remembers what loaded for that head dim, dtype and device, and gives Triton's error when nothing fits."""
+    import triton
+
+    from slabstage.kernels import packed_attention as pa
+
+    real, tried, limit = pa._packed_attention_kernel, [], [16]
+
+    class Small:  # a GPU that loads nothing with more than one stage or 16-row key tiles
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                tried.append((kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"], kw["num_stages"]))
+                if kw["num_stages"] > 1 or kw["BLOCK_N"] > limit[0]:
+                    raise triton.OutOfResources(10 ** 6, 10 ** 5, "shared memory")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(pa, "_packed_attention_kernel", Small())
+    monkeypatch.setattr(pa, "_FITS", {})
+    lens, prefixes = [21, 3, 40], [4, 0, 17]
+    q, k, v, kc, vc, table, s, _ = _case(3, 4, 2, 16, torch.float32, device, lens, prefixes)
+    block_m, block_n, warps, stages = pa._config(16, torch.float32)
+    offsets = lambda m: request_offsets(s["seq_lens"], s["starts"], s["prefix_lens"], s["req_indices"],  # noqa: E731
+                                        s["count"], m)
+    out = packed_attention(q, k, v, offsets, 0.25, kc, vc, table)
+    assert tried[0] == (block_m, block_n, warps, stages) and tried[-1] == (block_m, 16, warps, 1)
+    assert [t[0] for t in tried] == [block_m] * len(tried)  # the tile offsets stay valid
+    ref = packed_attention_reference(q, k, v, s["seq_lens"], s["starts"], s["prefix_lens"], s["req_indices"],
+                                     s["count"], 0.25, kc, vc, table)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    tried.clear()
+    assert torch.equal(packed_attention(q, k, v, offsets, 0.25, kc, vc, table), out)
+    assert tried == [(block_m, 16, warps, 1)]  # straight to the config that loaded
+    limit[0], tried[:] = 0, []  # nothing loads: Triton's own error
+    with pytest.raises(triton.OutOfResources):
+        packed_attention(q, k, v, offsets, 0.25, kc, vc, table, config=(16, 32, 4, 2))
+    assert tried == [(16, 32, 4, 2), (16, 32, 4, 1), (16, 16, 4, 1)]
