@@ -15,6 +15,7 @@ import torch
 
 from ..cache.encoder_cache import CacheFullError, EncoderCache
 from ..checks import check_int, is_int
+from ..entry import Entry
 from ..graph_runner.batch import PrefillBatch
 from ..graph_runner.buckets import default_token_buckets
 from ..graph_runner.runner import PrefillGraphRunner
@@ -109,6 +110,22 @@ def _encoder_tag(model) -> bytes:
     if tag is None:
         tag = _ENCODERS[model] = os.urandom(16)
     return tag
+
+
+def _item_rows(item) -> int:
+    """Rows of an item given as a tensor or as column blocks (a tuple or list of them)."""
+    return (item[0] if type(item) in (tuple, list) else item).shape[0]
+
+
+def _check_fits(cache: EncoderCache, rows: list, where: str) -> None:
+    """:class:`CacheFullError` for an item of more rows than ``cache``'s device arena holds: raised as the
+    requests are checked, before any of them runs (a cache that small could never stage it)."""
+    room = cache.arena.shape[0]
+    for j, n in enumerate(rows):
+        if n > room:
+            raise CacheFullError(f"{where} item {j} has {n} rows: an entry of {n} rows exceeds the encoder cache's "
+                                 f"device budget of {room} rows ({cache.row_bytes} bytes a row); give it at least "
+                                 f"{n * cache.row_bytes} bytes")
 
 
 def _named_keys(tag: bytes, keys, count: int, where: str) -> list:
@@ -237,6 +254,7 @@ class Generator:
                 seq.keys = [f"slabstage.hf.generate {self._tag} call {self._calls} request {seq.index} item {j}"
                             for j in range(len(req.media))] if req.media_keys is None else \
                     _named_keys(_encoder_tag(self.model), req.media_keys, len(req.media), where)
+                _check_fits(cache, [0 if type(m) is Entry else _item_rows(m) for m in req.media], where)
             return
         if req.media:
             raise ValueError(f"{where} it gives both media and pixels: give one of them")
@@ -257,6 +275,7 @@ class Generator:
             seq.request = replace(req, media=items, pixel_values=None, pixel_values_videos=None)
             return
         tag, rows = _encoder_tag(self.model), grid_rows(grids[0], merge) + grid_rows(grids[1], merge)
+        _check_fits(cache, rows, where)
         seq.keys = _named_keys(tag, req.media_keys, len(rows), where) if req.media_keys is not None else \
             content_keys(req.pixel_values, grids[0], "image", tag) + \
             content_keys(req.pixel_values_videos, grids[1], "video", tag)
@@ -279,19 +298,20 @@ class Generator:
             try:
                 if req.pixel_values is None and req.pixel_values_videos is None:  # items given as tensors
                     for j in read:
-                        item = tuple(media[j]) if type(media[j]) is list else media[j]
-                        rows = (item[0] if type(item) is tuple else item).shape[0]
-                        media[j] = cache.get(seq.keys[j], rows=rows) or cache.put(seq.keys[j], item)
+                        if type(media[j]) is not Entry:  # (a cache entry given is staged as it is)
+                            item = tuple(media[j]) if type(media[j]) is list else media[j]
+                            media[j] = cache.get(seq.keys[j], rows=_item_rows(item)) or cache.put(seq.keys[j], item)
+                            taken.append(media[j])
                 elif read:
                     for j, entry in zip(read, self._encode(seq, read)):
                         media[j] = entry
+                        taken.append(entry)
             except CacheFullError as e:  # (the budget could not hold the step's items at once)
                 if last:
                     raise CacheFullError(f"slabstage.hf.generate: request {seq.index}: the encoder cache cannot "
                                          f"hold the items of tokens [{a}, {b}): {e}") from e
                 return None
             out.append(media)
-            taken += (media[j] for j in read)
         return None if any(cache.gens[e.slot] != e.gen for e in taken) else out
 
     def _encode(self, seq: _Seq, read: list) -> list:

@@ -208,8 +208,9 @@ def test_bad_encoder_cache_arguments():
     with pytest.raises(ValueError, match="request 1: it gives both media and pixels"):
         sshf.generate(model, [reqs[0], both], encoder_cache=1 << 20)
     small = EncoderCache(input_embeds_width(model), torch.float32, "cpu", 3 * input_embeds_width(model) * 4)
-    with pytest.raises(ValueError, match=r"request 0: the encoder cache cannot hold the items of tokens \[0, 8\): "
-                                         r"an entry of 6 rows exceeds the cache's device budget of 3 rows"):
+    with pytest.raises(ValueError, match=r"request 0: item 0 has 6 rows: an entry of 6 rows exceeds the encoder "
+                                         r"cache's device budget of 3 rows \(128 bytes a row\); give it at least "
+                                         r"768 bytes"):
         sshf.generate(model, [reqs[0]], token_budget=8, encoder_cache=small)
     with pytest.raises(ValueError, match="pixel_values has shape"):
         sshf.generate(model, [sshf.Request(reqs[2].input_ids, image_grid_thw=reqs[2].image_grid_thw,
@@ -233,3 +234,43 @@ def test_generate_through_the_cache_on_cuda(family, monkeypatch):
     width = input_embeds_width(model)
     small = EncoderCache(width, torch.float32, "cuda", device_budget_bytes=14 * width * 4)
     assert sshf.generate(model, reqs, max_new_tokens=NEW, token_budget=7, max_running=2, encoder_cache=small) == ref
+
+
+def test_an_item_larger_than_the_cache_is_refused_before_anything_runs(monkeypatch):
+    """An item of more rows than the encoder cache's device arena could never be staged: generate refuses it as
+    it checks the requests, naming the request and the item, before any request is encoded or prefilled; items
+    given as tensors alike."""
+    model = tiny_model("qwen2_vl")
+    reqs, _ = _prompts(model)
+    width = input_embeds_width(model)
+    count = _Count(model, monkeypatch)
+    small = EncoderCache(width, torch.float32, "cpu", 6 * width * 4)  # 6 rows: request 2's image (6 rows) fits
+    ids = torch.cat([torch.tensor([92]), torch.full((8,), 90), torch.tensor([93, 5, 6])])  # an image of 8 rows
+    grid = torch.tensor([[1, 4, 8]])
+    large = sshf.Request(ids, image_grid_thw=grid, pixel_values=torch.randn(32, reqs[2].pixel_values.shape[1]))
+    with pytest.raises(ValueError, match=r"request 1: item 0 has 8 rows: an entry of 8 rows exceeds the encoder "
+                                         r"cache's device budget of 6 rows"):
+        sshf.generate(model, [reqs[2], large], encoder_cache=small)
+    assert count.calls == 0 and len(small) == 0  # nothing encoded, nothing put
+    with pytest.raises(ValueError, match=r"request 0: item 0 has 8 rows"):
+        sshf.generate(model, [sshf.Request(ids, [torch.randn(8, width)], image_grid_thw=grid)], encoder_cache=small)
+    assert len(small) == 0
+
+
+def test_cache_entries_given_as_media_are_staged_as_they_are():
+    """A request whose media are cache entries (handles of the generator's encoder cache or of another) beside
+    items given as tensors: the entries are staged where they lie, the tensors go through the generator's cache,
+    and the ids are HF's."""
+    model = tiny_model("qwen2_vl", seed=2)
+    model.generation_config.eos_token_id = None
+    req, hf = tiny_request(model, [(1, 4, 6), (1, 4, 4)], [], text_lens=[3, 4, 5])
+    ref = hf_generate(model, NEW, **hf)
+    width = input_embeds_width(model)
+    for same in (True, False):
+        mine = EncoderCache(width, torch.float32, "cpu", 1 << 16)
+        holder = mine if same else EncoderCache(width, torch.float32, "cpu", 1 << 16)
+        given = holder.put("the first image", req.media[0])
+        mixed = sshf.Request(req.input_ids, [given, req.media[1]], image_grid_thw=req.image_grid_thw)
+        assert sshf.generate(model, [mixed], max_new_tokens=NEW, token_budget=7, encoder_cache=mine) == [ref]
+        assert len(mine) == same  # the tensor item's entry was this call's; the given one was not copied
+        assert torch.equal(holder.rows_of(given), req.media[0])  # and it stays valid
