@@ -114,7 +114,8 @@ class EncoderCache:
 
     def reserve(self, key, rows: int) -> torch.Tensor:
         """A writable ``[rows, width]`` view of a new entry under ``key`` (an encoder writes its output in place,
-        on the current stream; take the handle with :meth:`get`). Its rows hold whatever was there before."""
+        on the current stream: work queued there before may still read these rows; take the handle with
+        :meth:`get`). Its rows hold whatever was there before."""
         _check_key(key)
         check_int("rows", rows, lo=0)
         return self._view(self._place(key, rows).slot)
@@ -254,28 +255,34 @@ class EncoderCache:
         return entry
 
     def _room(self, tier: int, rows: int) -> int:
-        """The first row of ``rows`` free rows of ``tier``, evicting least recently used entries for them."""
+        """The first row of ``rows`` free rows of ``tier``, evicting least recently used entries for them. Rows that
+        queued work still uses are taken as they are when that work is on the current stream (the write queued
+        next runs after it); for work on another stream the current one queues a wait: the host never waits."""
         free, lru = self.free[tier], self.lru[tier]
+        here = torch.cuda.current_stream(self.device).cuda_stream if self.reads.cuda else None
         while True:
-            at = free.take(rows) if rows else 0
-            if at is not None:
-                return at
-            if lru:
-                victim = next(iter(lru))
-                if tier == DEVICE and self.host.shape[0] and self.lens[victim] <= self.host.shape[0]:
-                    self._demote(victim)
-                else:
-                    self._drop(victim)
-                continue
-            pending = free.pending()  # every entry gone, but queued work still reads the freed rows
-            if pending:
-                pending[0].synchronize()
-                continue
-            at = free.take(rows)  # (that work may have finished between the take above and this look)
-            if at is None:
+            got = free.take(rows, here) if rows else (0, ())
+            if got is not None:
+                self._after(got[1])
+                return got[0]
+            if not lru:  # (free runs merge: with every entry gone the tier is one run)
                 raise RuntimeError(f"slabstage: the encoder cache has no run of {rows} free rows "
-                                   f"({free.free_rows()} free in all, fragmented)")
-            return at
+                                   f"({free.free_rows()} free in all)")
+            victim = next(iter(lru))
+            if tier == DEVICE and self.host.shape[0] and self.lens[victim] <= self.host.shape[0]:
+                self._demote(victim)
+            else:
+                self._drop(victim)
+
+    def _after(self, events) -> None:
+        """Order what the current stream queues next after ``events`` recorded on other streams (a
+        ``cudaStreamWaitEvent`` each; none for the current stream's own, which run first anyway)."""
+        if events and self.reads.cuda:  # (on the CPU a launch has finished when it returns)
+            stream = torch.cuda.current_stream(self.device)
+            here = stream.cuda_stream
+            for e in events:
+                if getattr(e, "on", None) != here:
+                    stream.wait_event(e)
 
     def _demote(self, slot: int) -> None:
         """Move a device entry to the host tier (a queued copy), keeping its key and generation."""
@@ -283,6 +290,7 @@ class EncoderCache:
         at = self._room(HOST, rows)
         del self.lru[DEVICE][slot]
         src = self._view(slot)
+        self._after(self.writes.pending(slot))  # (a put's write into them may be queued on another stream)
         self.arenas[HOST][at:at + rows].copy_(src, non_blocking=True)
         self.writes.note((slot,))  # the copy reads the device rows: they are free after it
         self.free[DEVICE].give(self.ats[slot], rows, self.reads.take(slot) + self.writes.take(slot))

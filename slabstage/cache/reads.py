@@ -2,7 +2,8 @@
 
 :meth:`Reads.note` files the stream's *mark* under each entry a launch just queued reads; only when the entry's
 rows are freed or rewritten (:meth:`Reads.take`) does the mark record one CUDA event, which covers every launch
-filed under it (work on one stream completes in order). On the CPU nothing is filed: a launch has finished when
+filed under it (work on one stream completes in order) and names its stream (``event.on``, the raw handle): a
+writer on that stream needs no wait for it. On the CPU nothing is filed: a launch has finished when
 it returns.
 """
 
@@ -15,17 +16,18 @@ __all__ = ["Reads"]
 
 class _Mark:
     """Launches queued on one stream since the mark was made; :meth:`event` records the event that follows
-    them all (once: later launches are filed under a new mark)."""
+    them all (once: later launches are filed under a new mark), its ``on`` the stream's raw handle."""
 
-    __slots__ = ("stream", "recorded")
+    __slots__ = ("stream", "raw", "recorded")
 
-    def __init__(self, stream) -> None:
-        self.stream, self.recorded = stream, None
+    def __init__(self, stream, raw) -> None:
+        self.stream, self.raw, self.recorded = stream, raw, None
 
     def event(self) -> torch.cuda.Event:
         if self.recorded is None:
             self.recorded = torch.cuda.Event()
             self.recorded.record(self.stream)
+            self.recorded.on = self.raw
         return self.recorded
 
     def query(self) -> bool:  # (not yet turned into an event: its launches may still be queued)
@@ -60,7 +62,7 @@ class Reads:
             raw = stream[0]
             event = self._marks.get(raw)
             if event is None or event.recorded is not None:
-                event = self._marks[raw] = _Mark(stream[1])
+                event = self._marks[raw] = _Mark(stream[1], raw)
         else:  # (its stream unknown: it does not cover the readers before it, nor they it)
             raw = None
             self._mixed, self._stream = True, None
@@ -84,3 +86,8 @@ class Reads:
         """The events of ``slot``'s readers (the slot is being freed or rewritten): they travel with its rows."""
         events, self.events[slot] = self.events[slot], []
         return [e.event() if type(e) is _Mark else e for e in events]
+
+    def pending(self, slot: int) -> list:
+        """The events of ``slot``'s users not yet done, which stay filed (work that must run before its rows
+        are read elsewhere)."""
+        return [e for e in (m.event() if type(m) is _Mark else m for m in self.events[slot]) if not e.query()]

@@ -113,8 +113,19 @@ def _encoder_tag(model) -> bytes:
 
 
 def _item_rows(item) -> int:
-    """Rows of an item given as a tensor or as column blocks (a tuple or list of them)."""
+    """Rows of an item given as a tensor, as column blocks (a tuple or list of them) or as a cache entry."""
+    if type(item) is Entry:
+        return item.rows
     return (item[0] if type(item) in (tuple, list) else item).shape[0]
+
+
+def _one_form(media: list) -> list:
+    """A step's items (a list a chunk) as the staging takes them: as given when they are all tensors or all
+    entries of one cache; else each entry as a view of its rows (a step that packs requests of both kinds)."""
+    forms = {id(m.cache) if type(m) is Entry else 0 for ms in media if ms for m in ms}
+    if len(forms) < 2:
+        return media
+    return [ms and [m.cache.rows_of(m) if type(m) is Entry else m for m in ms] for ms in media]
 
 
 def _check_fits(cache: EncoderCache, rows: list, where: str) -> None:
@@ -254,7 +265,7 @@ class Generator:
                 seq.keys = [f"slabstage.hf.generate {self._tag} call {self._calls} request {seq.index} item {j}"
                             for j in range(len(req.media))] if req.media_keys is None else \
                     _named_keys(_encoder_tag(self.model), req.media_keys, len(req.media), where)
-                _check_fits(cache, [0 if type(m) is Entry else _item_rows(m) for m in req.media], where)
+                _check_fits(cache, list(map(_item_rows, req.media)), where)
             return
         if req.media:
             raise ValueError(f"{where} it gives both media and pixels: give one of them")
@@ -298,10 +309,14 @@ class Generator:
             try:
                 if req.pixel_values is None and req.pixel_values_videos is None:  # items given as tensors
                     for j in read:
-                        if type(media[j]) is not Entry:  # (a cache entry given is staged as it is)
-                            item = tuple(media[j]) if type(media[j]) is list else media[j]
-                            media[j] = cache.get(seq.keys[j], rows=_item_rows(item)) or cache.put(seq.keys[j], item)
-                            taken.append(media[j])
+                        item = media[j]
+                        if type(item) is Entry:
+                            if item.cache is cache:  # (an entry of this cache is staged where it lies)
+                                continue
+                            item = item.cache.rows_of(item)  # (another cache's: copied in, as a tensor is)
+                        item = tuple(item) if type(item) is list else item
+                        media[j] = cache.get(seq.keys[j], rows=_item_rows(item)) or cache.put(seq.keys[j], item)
+                        taken.append(media[j])
                 elif read:
                     for j, entry in zip(read, self._encode(seq, read)):
                         media[j] = entry
@@ -312,6 +327,8 @@ class Generator:
                                          f"hold the items of tokens [{a}, {b}): {e}") from e
                 return None
             out.append(media)
+        if cache is None:
+            return _one_form(out)
         return None if any(cache.gens[e.slot] != e.gen for e in taken) else out
 
     def _encode(self, seq: _Seq, read: list) -> list:

@@ -1,5 +1,6 @@
-"""Sequences of puts, hits, evictions and queued batches (hypothesis): no row a queued batch reads is written
-before its reader completes, nothing is read through a handle after its entry went, budgets hold."""
+"""Sequences of puts, hits, evictions and queued batches (hypothesis) on a simulated GPU (tests/simgpu.py): no
+row a queued batch reads is written before it runs, nothing is read through a handle after its entry went,
+budgets hold, the host never waits."""
 
 from __future__ import annotations
 
@@ -7,15 +8,11 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from slabstage.cache import EncoderCache, StaleEntryError
-from slabstage.cache.encoder_cache import DEVICE, HOST
+from slabstage.cache import StaleEntryError
 
-from builders import Later  # noqa: I001 - tests/builders.py
+from simgpu import SimEvent, cuda_like, partitioned, simulated_gpu  # noqa: I001 - tests/simgpu.py
 
 W = 4
-
-
-Reader = Later  # queued work reading some rows; completes when the test says so
 
 
 ops = st.lists(st.one_of(
@@ -29,66 +26,51 @@ ops = st.lists(st.one_of(
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, device_rows=st.integers(7, 20), host_rows=st.sampled_from([0, 6, 15]))
-@example(ops=[("put", 0, 1, 1), ("stage", [0]), ("put", 0, 7, 1)], device_rows=7, host_rows=0)  # (freed runs
-# whose readers are done merge before a larger entry is refused as fragmented)
+@example(ops=[("put", 0, 1, 1), ("stage", [0]), ("put", 0, 7, 1)], device_rows=7, host_rows=0)  # (a freed run
+# still read takes a larger entry after a wait, not a "fragmented" refusal)
 def test_sequences(ops, device_rows, host_rows):
-    cache = EncoderCache(W, torch.float32, "cpu", device_budget_bytes=device_rows * 4 * W,
-                         host_budget_bytes=host_rows * 4 * W)
-    values, handles, queued = {}, {}, []  # key -> tensor put; key -> last handle; [(reader, [(view, rows)])]
-    counter = 0
-    for op in ops:
-        if op[0] == "put":
-            _, key, rows, blocks = op
-            counter += 1
-            value = torch.arange(counter * 100, counter * 100 + rows * W, dtype=torch.float32).reshape(rows, W)
-            widths = [W // blocks] * (blocks - 1)
-            widths.append(W - sum(widths))
-            parts = tuple(value.split(widths, 1)) if blocks > 1 else value
-            handles[key] = cache.put(key, parts)
-            values[key] = value
-        elif op[0] == "get":
-            e = cache.get(op[1])
-            if e is not None:
-                handles[op[1]] = e
-        elif op[0] == "evict":
-            cache.evict(op[1])
-        elif op[0] == "stage":
-            entries = [handles[k] for k in op[1] if k in handles]
-            if not entries:
-                continue
-            live = all(k in cache and cache.get(k).gen == handles[k].gen for k in op[1] if k in handles)
-            try:
-                starts, fields, total, slots = cache.locate(entries)
-            except StaleEntryError:
-                assert not live  # refused only when an entry went
-                continue
-            assert live, "a handle to an entry that went was not refused"
-            reader = Reader()
-            cache.reads.note(slots, reader)
-            queued.append((reader, [(cache.rows_of(e), cache.rows_of(e).clone()) for e in entries]))
-        else:  # the oldest queued readers complete (a stream completes in order)
-            for reader, _ in queued[:op[1]]:
-                reader.done = True
-            queued = queued[op[1]:]
-        for reader, reads in queued:  # rows a queued batch reads are as they were when it was queued
-            if not reader.done:
-                for view, was in reads:
-                    assert torch.equal(view, was)
-        queued = [q for q in queued if not q[0].done]
-        check_cache(cache, values)
-
-
-def check_cache(cache, values):
-    used = {DEVICE: [], HOST: []}
-    for key in list(values):
-        if key not in cache:
-            continue
-        e = cache.get(key)
-        assert torch.equal(cache.rows_of(e), values[key])  # nothing live was overwritten
-        used[cache.tiers[e.slot]].append((cache.ats[e.slot], e.rows))
-    for tier, runs in used.items():  # runs lie inside their arena, apart (budgets hold)
-        limit = cache.arenas[tier].shape[0]
-        runs = sorted(r for r in runs if r[1])
-        for (a, n), (b, _) in zip(runs, runs[1:]):
-            assert a + n <= b
-        assert all(a + n <= limit for a, n in runs)
+    with simulated_gpu() as sim:
+        stream = sim["A"]
+        cache = cuda_like(device_rows, host_rows, W)
+        values, handles, seen = {}, {}, []  # key -> tensor put; key -> last handle; (rows read, rows expected)
+        counter = 0
+        for op in ops:
+            if op[0] == "put":
+                _, key, rows, blocks = op
+                counter += 1
+                value = torch.arange(counter * 100, counter * 100 + rows * W, dtype=torch.float32).reshape(rows, W)
+                widths = [W // blocks] * (blocks - 1)
+                widths.append(W - sum(widths))
+                parts = tuple(value.split(widths, 1)) if blocks > 1 else value
+                handles[key] = cache.put(key, parts)
+                values[key] = value
+            elif op[0] == "get":
+                e = cache.get(op[1])
+                if e is not None:
+                    handles[op[1]] = e
+            elif op[0] == "evict":
+                cache.evict(op[1])
+            elif op[0] == "stage":
+                entries = [handles[k] for k in op[1] if k in handles]
+                if not entries:
+                    continue
+                live = all(k in cache and cache.get(k).gen == handles[k].gen for k in op[1] if k in handles)
+                try:
+                    starts, fields, total, slots = cache.locate(entries)
+                except StaleEntryError:
+                    assert not live  # refused only when an entry went
+                    continue
+                assert live, "a handle to an entry that went was not refused"
+                reads = [(cache.rows_of(e), values[k]) for k, e in zip([k for k in op[1] if k in handles], entries)]
+                stream.enqueue(lambda reads=reads: seen.extend((view.clone(), want) for view, want in reads))
+                cache.reads.note(slots, stream=(stream.cuda_stream, stream))
+            else:  # the device runs the oldest queued work
+                stream.run(min(len(stream.ops), stream.ran + op[1]))
+            partitioned(cache)
+        stream.run()
+        assert SimEvent.syncs == 0
+        for got, want in seen:  # rows a queued batch read were as they were when it was queued
+            assert torch.equal(got, want)
+        for key, value in values.items():  # nothing live was overwritten
+            if key in cache:
+                assert torch.equal(cache.rows_of(cache.get(key)), value)

@@ -166,36 +166,26 @@ def test_media_mixing_and_other_cache_refused():
     assert slab.isnan().all()
 
 
-def test_rows_freed_with_readers_are_not_reused():
+def test_free_runs_hand_out_rows_with_what_a_writer_must_wait_for():
+    """A freed run keeps the events of the work still using it: a writer on that work's stream takes it as it is
+    (the stream runs in order); one on another stream gets the events to wait for (on the device), unless a run
+    nobody else uses is free; adjacent runs merge, their events with them."""
     rows = Rows(10)
-    assert rows.take(4) == 0 and rows.take(6) == 4 and rows.take(1) is None
+    assert rows.take(4) == (0, []) and rows.take(6) == (4, []) and rows.take(1) is None
     busy = Later()
+    busy.on = 7  # recorded on stream 7
     rows.give(0, 4, [busy])
-    assert rows.take(2) is None  # still read by queued work
+    assert rows.take(2, here=7) == (0, [])
+    assert rows.take(2, here=8) == (2, [busy])
+    rows.give(0, 2, [busy])
+    rows.give(8, 2, [])
+    assert rows.take(2, here=8) == (8, [])  # a run nobody uses first
+    rows.give(8, 2, [])
+    rows.give(2, 2, [])
+    rows.give(4, 4, [])
+    assert rows.free == [[0, 10, [busy]]]
     busy.done = True
-    assert rows.take(2) == 0
-    rows.give(4, 6, [])
-    rows.give(0, 2, [])
-    assert rows.free == [[0, 10, []]]  # adjacent runs merge
-
-
-def test_eviction_waits_for_readers():
-    """An evicted entry's rows are not written while a reader is queued: a put evicts another entry for rows
-    nobody reads, and waits for the oldest reader only when every free row is still read."""
-    cache = cache_for(4, F32, "cpu", rows=8)
-    a = cache.put("a", torch.full((4, 4), 1.0))
-    reader = Later()
-    cache.reads.events[a.slot] = [reader]  # a staging launch reads "a"
-    cache.put("b", torch.full((4, 4), 2.0))
-    c = cache.put("c", torch.full((4, 4), 3.0))  # evicts "a" (still read), then "b" for rows nobody reads
-    assert not reader.done and "b" not in cache and "a" not in cache
-    assert cache.arena[:4].eq(1.0).all()  # "a"'s rows untouched
-    reader2 = Later()
-    cache.reads.events[c.slot] = [reader2]
-    cache.evict("c")
-    cache.put("d", torch.full((4, 4), 4.0))  # every free row is read: the host waits for the oldest reader
-    assert reader.done and not reader2.done
-    assert cache.rows_of(cache.get("d")).eq(4.0).all() and cache.arena[4:].eq(3.0).all()
+    assert rows.take(10, here=8) == (0, [])
 
 
 def test_runner_with_entries_equals_tensors():
@@ -299,8 +289,9 @@ def test_cuda_a_staging_on_another_stream_reads_a_demoted_entry_after_its_copy()
 
 @pytest.mark.cuda
 def test_cuda_rows_of_an_entry_whose_put_is_queued_are_not_reused_from_another_stream():
-    """Entry "a" is put behind a long sleep and evicted at once; "b", put from another stream, does not take
-    its rows until that copy has run (else the late copy of "a" would land on "b")."""
+    """Entry "a" is put behind a long sleep and evicted at once; "b", put from another stream, takes its rows
+    with a wait for that copy queued on its stream (else the late copy of "a" would land on "b"): the host does
+    not wait."""
     g = gen(23)
     W = 64
     cache = cache_for(W, BF16, "cuda", rows=16)
@@ -312,7 +303,8 @@ def test_cuda_rows_of_an_entry_whose_put_is_queued_are_not_reused_from_another_s
         cache.put("a", A)
         cache.evict("a")
     with torch.cuda.stream(other):
-        b = cache.put("b", B)  # every row is written by the queued put: the host waits for it, then writes
+        b = cache.put("b", B)  # every row is written by the queued put: this stream waits for it, then writes
+    assert not busy.query()  # (the host did not wait)
     torch.cuda.synchronize()
     assert same_bytes(cache.rows_of(b), B)
 
@@ -320,7 +312,8 @@ def test_cuda_rows_of_an_entry_whose_put_is_queued_are_not_reused_from_another_s
 @pytest.mark.cuda
 def test_cuda_host_far_ahead_never_overwrites_rows_a_queued_staging_reads():
     """A staging queued behind a long device sleep on one stream reads entries; the host then evicts them and
-    puts new items from another stream: the new rows are written only after that staging read the old ones."""
+    puts new items from another stream: the new rows are written only after that staging read the old ones (a
+    wait queued on the other stream; the host does not wait)."""
     g = gen(21)
     W, V, n = 64, 30, 48
     cache = cache_for(W, BF16, "cuda", rows=32)
@@ -338,8 +331,9 @@ def test_cuda_host_far_ahead_never_overwrites_rows_a_queued_staging_reads():
         entries = [cache.put("a", A), cache.put("b", B)]
         stage_embeddings(slab, ids, table, errors=errors, media=entries, media_index=index)
     with torch.cuda.stream(other):
-        cache.put("c", C)  # every row is read by the queued staging: the host waits for it, then writes
+        cache.put("c", C)  # every row is read by the queued staging: this stream waits for it, then writes
         cache.put("d", D)
+    assert not busy.query()  # (the host did not wait)
     torch.cuda.synchronize()
     assert same_bytes(slab, want)
     assert same_bytes(cache.rows_of(cache.get("c")), C) and same_bytes(cache.rows_of(cache.get("d")), D)

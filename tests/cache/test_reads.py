@@ -3,13 +3,13 @@ it covers is freed (CUDA events replaced by a fake recorder, so this runs on the
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from builders import Later  # noqa: I001 - tests/builders.py
 
 from slabstage.cache import EncoderCache, reads as reads_mod
 from slabstage.cache.reads import Reads
-from slabstage.cache.rows import Rows
 
 
 class FakeEvent:
@@ -106,18 +106,24 @@ def _cuda_cache(monkeypatch, rows: int, host_rows: int, streams: dict):
 
 
 def test_a_put_queued_on_one_stream_keeps_its_rows_from_a_put_on_another(monkeypatch):
-    """An entry evicted while its put may still be queued: its rows are not reused until that write is done
-    (a put from another stream waits for it when no other rows are free)."""
+    """An entry evicted while its put may still be queued: a put from another stream that takes its rows queues a
+    wait for that write on its own stream (on the device: the host waits for nothing); one from the same
+    stream needs none."""
     s1, s2 = FakeStream(1), FakeStream(2)
     streams = {"now": s1}
     cache = _cuda_cache(monkeypatch, rows=4, host_rows=0, streams=streams)
+    monkeypatch.setattr(Later, "synchronize", lambda self: pytest.fail("the host waited"))
     cache.put("a", torch.ones(4, 4))
     cache.evict("a")
     (write,) = cache.free[0].free[0][2]  # the freed rows carry the put's event, not yet done
-    assert write.stream is s1 and not write.done
+    assert write.stream is s1 and write.on == 1 and not write.done
     streams["now"] = s2
     cache.put("b", torch.ones(4, 4))
-    assert write.done  # the host waited for it: no other rows were free
+    assert s2.waits == [write] and not write.done
+    cache.evict("b")
+    streams["now"] = s1
+    cache.put("c", torch.ones(4, 4))  # the rows' users: s2's put (and the wait before it) and s1's: s1 waits on s2
+    assert [e.on for e in s1.waits] == [2]
 
 
 def test_a_staging_on_another_stream_waits_for_a_demotions_copy(monkeypatch):
@@ -146,22 +152,14 @@ def test_a_staging_on_another_stream_waits_for_a_demotions_copy(monkeypatch):
     assert s2.waits == [copy] and a.slot not in cache._written
 
 
-def test_rows_whose_readers_finish_while_the_cache_looks_are_taken_not_refused(monkeypatch):
-    """A put that must wait for the rows of the entry it evicts, whose queued work finishes between the cache's
-    take and its look for work to wait on: the put takes the rows (before, it raised "fragmented" with every
-    row free: a race the H200 met in a benchmark's setup)."""
+def test_a_put_takes_rows_whose_work_is_queued_on_its_own_stream(monkeypatch):
+    """A put that demotes an entry whose put and demotion copy are still queued on the same stream takes its
+    rows at once, with no wait: the stream runs them in order (before, the host waited, and in a race the H200
+    met it raised "fragmented" with every row free)."""
     streams = {"now": FakeStream(1)}
     cache = _cuda_cache(monkeypatch, rows=4, host_rows=4, streams=streams)
-    looked = Rows.pending
-
-    def finished_just_now(rows):  # the device finishes that work as the cache looks for it
-        for run in rows.free:
-            for event in run[2]:
-                event.done = True
-        return looked(rows)
-
-    monkeypatch.setattr(Rows, "pending", finished_just_now)
+    monkeypatch.setattr(Later, "synchronize", lambda self: pytest.fail("the host waited"))
     cache.put("a", torch.ones(4, 4))
-    b = cache.put("b", torch.full((4, 4), 2.0))  # demotes "a": its rows wait for its put and the demotion's copy
+    b = cache.put("b", torch.full((4, 4), 2.0))  # demotes "a": its rows' users (its put, the copy) are on stream 1
     assert cache.tier(b) == "device" and cache.tier(cache.get("a")) == "host"
-    assert torch.equal(cache.rows_of(b), torch.full((4, 4), 2.0))
+    assert torch.equal(cache.rows_of(b), torch.full((4, 4), 2.0)) and not streams["now"].waits

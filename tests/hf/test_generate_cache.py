@@ -257,20 +257,29 @@ def test_an_item_larger_than_the_cache_is_refused_before_anything_runs(monkeypat
     assert len(small) == 0
 
 
-def test_cache_entries_given_as_media_are_staged_as_they_are():
-    """A request whose media are cache entries (handles of the generator's encoder cache or of another) beside
-    items given as tensors: the entries are staged where they lie, the tensors go through the generator's cache,
-    and the ids are HF's."""
+def test_cache_entries_given_as_media_beside_tensors_and_other_caches():
+    """Requests whose media are cache entries beside requests (or items) given as tensors, and entries of two
+    caches, packed into the same steps: with the generator's encoder cache, its own entries are staged where they
+    lie and another cache's are copied in as tensors are; without one, a step that mixes the kinds stages the
+    entries as views of their rows. The ids are HF's every way, and the given entries stay valid."""
     model = tiny_model("qwen2_vl", seed=2)
     model.generation_config.eos_token_id = None
-    req, hf = tiny_request(model, [(1, 4, 6), (1, 4, 4)], [], text_lens=[3, 4, 5])
-    ref = hf_generate(model, NEW, **hf)
     width = input_embeds_width(model)
-    for same in (True, False):
-        mine = EncoderCache(width, torch.float32, "cpu", 1 << 16)
-        holder = mine if same else EncoderCache(width, torch.float32, "cpu", 1 << 16)
-        given = holder.put("the first image", req.media[0])
-        mixed = sshf.Request(req.input_ids, [given, req.media[1]], image_grid_thw=req.image_grid_thw)
-        assert sshf.generate(model, [mixed], max_new_tokens=NEW, token_budget=7, encoder_cache=mine) == [ref]
-        assert len(mine) == same  # the tensor item's entry was this call's; the given one was not copied
-        assert torch.equal(holder.rows_of(given), req.media[0])  # and it stays valid
+    g = torch.Generator().manual_seed(4)
+    made = [tiny_request(model, grids, [], text_lens=[3 + k] * (len(grids) + 1), generator=g)
+            for k, grids in enumerate(([(1, 4, 6), (1, 4, 4)], [(1, 6, 4)], [(1, 4, 4)]))]
+    ref = [hf_generate(model, NEW, **hf) for _, hf in made]
+    for mine in (None, EncoderCache(width, torch.float32, "cpu", 1 << 16)):
+        other = EncoderCache(width, torch.float32, "cpu", 1 << 16)
+        holders = [mine if mine is not None else EncoderCache(width, torch.float32, "cpu", 1 << 16), other]
+        (r0, _), (r1, _), (r2, _) = made
+        given = [holders[0].put("a", r0.media[0]), other.put("b", r1.media[0]), holders[0].put("c", r2.media[0])]
+        reqs = [sshf.Request(r0.input_ids, [given[0], r0.media[1]], image_grid_thw=r0.image_grid_thw),
+                sshf.Request(r1.input_ids, [given[1]], image_grid_thw=r1.image_grid_thw),
+                sshf.Request(r2.input_ids, [given[2]], image_grid_thw=r2.image_grid_thw)]
+        for budget in (7, 64):
+            assert sshf.generate(model, reqs, max_new_tokens=NEW, token_budget=budget, encoder_cache=mine) == ref
+        for entry, req in zip(given, (r0, r1, r2)):
+            assert torch.equal(entry.cache.rows_of(entry), req.media[0])
+        if mine is not None:
+            assert len(mine) == 2  # its own two given entries; the call's copies dropped after it
