@@ -125,7 +125,9 @@ class PrefillGraphRunner:
 
     @property
     def graphs(self) -> dict:
-        """bucket -> ``(torch.cuda.CUDAGraph, its static outputs)``; empty before :meth:`capture`."""
+        """bucket -> ``(torch.cuda.CUDAGraph, its static outputs)``; empty before :meth:`capture`. A bare
+        ``replay()`` of one (no batch prepared for it by :meth:`run`) stages nothing: its forward runs again on the
+        buffers as the last step left them."""
         return dict(self._graphs)
 
     @property

@@ -30,8 +30,10 @@ __all__ = ["HEADER_WORDS", "MAX_ITEM_WORDS", "SOURCE_WORDS", "DEST_WORDS", "INT_
 # -- header ------------------------------------------------------------------------------
 (H_STEP, H_DONE, H_COUNTER, H_WORDS, H_N, H_B, H_VOCAB_START, H_VOCAB_END, H_VOCAB_SIZE, H_SCALE, H_FLAGS,
  H_TABLE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_TABLE_DTYPE, H_IDS, H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE,
- H_NUM_MEDIA, H_NUM_ITEMS, H_ITEM_BLOCKS, H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_ITEMS, H_PAD_TO) = range(26)
+ H_NUM_MEDIA, H_NUM_ITEMS, H_ITEM_BLOCKS, H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_ITEMS, H_PAD_TO, H_LIVE) = range(27)
 HEADER_WORDS = 32
+# H_LIVE: 1 in every record the host writes; the fetch sets it to 0 when the ring slot it reads holds an older
+# step than the next one (a graph replayed with no record prepared for it): the kernel then writes nothing
 
 # switches in H_FLAGS
 F_SCALE = 1  # multiply text rows by text_scale (in fp32)

@@ -57,18 +57,20 @@ if triton is not None:
         if PDL:  # launched before the work ahead of it completes (the fetch, a copy): wait for it first
             gdc_wait()
         pid = tl.program_id(0)
-        n = tl.load(params_ptr + K.H_N)
-        pad_to = tl.load(params_ptr + K.H_PAD_TO)  # rows past it are left alone: a grid may cover more
-        if pid == 0:  # the step's parameter record has been read: the fetch and the host may move on
-            step = tl.load(params_ptr + K.H_STEP)
-            tl.store(tl.load(params_ptr + K.H_COUNTER).to(tl.pointer_type(tl.int64)), step)
-            tl.store(tl.load(params_ptr + K.H_DONE).to(tl.pointer_type(tl.int64)), step)
+        fresh = tl.load(params_ptr + K.H_LIVE)  # 1; 0: a replay with no record of its own, which writes nothing
+        n = tl.load(params_ptr + K.H_N) * fresh
+        pad_to = tl.load(params_ptr + K.H_PAD_TO) * fresh  # rows past it are left alone: a grid may cover more
+        if pid == 0:
+            if fresh != 0:  # the step's parameter record has been read: the fetch and the host may move on
+                step = tl.load(params_ptr + K.H_STEP)
+                tl.store(tl.load(params_ptr + K.H_COUNTER).to(tl.pointer_type(tl.int64)), step)
+                tl.store(tl.load(params_ptr + K.H_DONE).to(tl.pointer_type(tl.int64)), step)
         slot_programs = 0
         if NUM_SLOTS > 0:
             # program i < slot_programs writes integer slot i % NUM_SLOTS, rows [tok0, tok0 + TOKEN_ROWS): the
             # grid's first programs, so that their chains of dependent loads run in the launch's first wave, each
             # in a program of its own
-            slot_programs = tl.cdiv(tl.maximum(pad_to, 1), K.TOKEN_ROWS) * NUM_SLOTS
+            slot_programs = tl.cdiv(tl.maximum(pad_to, 1), K.TOKEN_ROWS) * NUM_SLOTS * fresh
             if pid < slot_programs:
                 tok0 = (pid // NUM_SLOTS).to(tl.int64) * K.TOKEN_ROWS
                 offs_t = tok0 + tl.arange(0, K.TOKEN_ROWS)
@@ -187,17 +189,22 @@ if triton is not None:
     def fetch_kernel(ring_ptr, counter_ptr, params_ptr, slot_words, k, CHUNK: tl.constexpr, PDL: tl.constexpr):
         """Copy the next step's parameter record from the pinned ring into the device one: slot
         ``(counter + 1) % k``, its first ``H_WORDS`` words; ``CHUNK`` words a program (the programs past its end copy
-        nothing). The first launch of every captured graph."""
+        nothing). The first launch of every captured graph. Where the slot holds an older step than
+        ``counter + 1`` (no record was prepared for this replay), its ``H_LIVE`` word goes in as 0."""
         tl.static_assert(_KEY >= 0)
         if PDL:  # the staging kernel may launch now: it waits for this grid to complete before reading
             gdc_launch_dependents()
-        src = ring_ptr + ((tl.load(counter_ptr) + 1) % k) * slot_words
+        step = tl.load(counter_ptr) + 1
+        src = ring_ptr + (step % k) * slot_words
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
-        if pid == 0:  # the header's chunk, read with the count (one round trip to pinned memory, not two; the
-            # words past the count are read but not stored)
+        if pid == 0:  # the header's chunk, read with the count and the step (one round trip to pinned memory, not
+            # two; the words past the count are read but not stored)
             words = tl.load(src + offs, mask=offs < slot_words, other=0)
-            keep = offs < tl.load(src + K.H_WORDS)
+            # a slot holding an older step (or none yet): no record was prepared for this replay (a bare
+            # graph.replay()); its H_LIVE goes in as 0 whatever the slot's count
+            words = tl.where(offs == K.H_LIVE, (tl.load(src + K.H_STEP) == step).to(tl.int64), words)
+            keep = (offs < tl.load(src + K.H_WORDS)) | (offs == K.H_LIVE)
         else:  # the other chunks only as far as the count: the grid covers the largest record of the bucket
             keep = offs < tl.load(src + K.H_WORDS)
             words = tl.load(src + offs, mask=keep, other=0)

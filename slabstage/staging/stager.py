@@ -21,8 +21,9 @@ import torch
 
 from ..kernels.layout import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED,
                               F_TEXT_VEC, F_TEXT_WRAP, FETCH_CHUNK, FLOAT_CODE, H_B, H_COUNTER, H_DONE, H_FLAGS, H_IDS,
-                              H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE, H_ITEMS, H_N, H_NUM_MEDIA, H_PAD_TO, H_SCALE, H_STEP,
-                              H_TABLE, H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START, H_WORDS,
+                              H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE, H_ITEMS, H_LIVE, H_N, H_NUM_MEDIA, H_PAD_TO,
+                              H_SCALE, H_STEP, H_TABLE, H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START,
+                              H_WORDS,
                               HEADER_WORDS, INT_CODE, LAYOUT_CODE, MAX_ITEM_WORDS, REQUESTS, ROWS, S_ADDR, S_DTYPE,
                               S_STRIDE, SEGMENT_WORDS, SOURCE_WORDS)
 from ..kernels.runtime import next_pow2
@@ -170,7 +171,7 @@ class Stager:
         ``config`` fixes, and where each integer source's words go (``(read position, word, is rows)``;
         ``(read position, word, element bytes)``)."""
         values = [0] * (HEADER_WORDS + SOURCE_WORDS * self.num_slots)
-        values[H_DONE], values[H_COUNTER] = self.ring.done_addr, self._counter_addr
+        values[H_DONE], values[H_COUNTER], values[H_LIVE] = self.ring.done_addr, self._counter_addr, 1
         dtypes, shapes = c.reads[1], c.reads[3]
         in_place, in_record = [], []
         for at, k, kind, _, _, elem, host in config.sources:
@@ -335,8 +336,8 @@ class Stager:
 
     def record(self, pad_to: int) -> None:
         """Record into the graph being captured the fetch of the next prepared parameter record and the kernel over it
-        for ``pad_to`` rows. A replay of that graph stages whatever :meth:`prepare` wrote last: replay it with
-        :meth:`replay`."""
+        for ``pad_to`` rows. A replay of that graph stages the record :meth:`prepare` wrote for it (replay it with
+        :meth:`replay`); a replay with none prepared (a second one, a bare ``graph.replay()``) writes nothing."""
         self._fetch(-(-self.words_for(pad_to) // FETCH_CHUNK))
         self._kernel(max(self._grid(pad_to), 1), self.params)
 

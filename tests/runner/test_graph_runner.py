@@ -227,6 +227,26 @@ def test_replay_equals_eager_for_every_bucket_and_between(variant, ladder, dtype
 
 
 @pytest.mark.cuda
+def test_a_bare_replay_of_a_runner_graph_stages_nothing_and_the_next_step_is_right():
+    """``runner.graphs[b][0].replay()`` with no batch prepared for it (a profiler's or a benchmark's replay), more
+    times than the parameter ring has slots: every buffer keeps the last staged batch (the forward runs on it
+    again), and the steps after it stage their own batches."""
+    model, buffers, runner = captured("deepstack", [16, 32], capacity=32)
+    g = torch.Generator().manual_seed(5)
+    for n in (12, 30, 7):
+        run_and_check(model, buffers, runner, n, g)
+    bucket = runner.last_bucket
+    before = {name: buffers.registry[name].clone() for name in buffers.registry}
+    for _ in range(11):
+        runner.graphs[bucket][0].replay()
+    torch.cuda.synchronize()
+    for name, t in before.items():
+        assert torch.equal(buffers.registry[name].flatten().view(torch.uint8), t.flatten().view(torch.uint8)), name
+    for n in (9, 25, 16, 3):
+        run_and_check(model, buffers, runner, n, g)
+
+
+@pytest.mark.cuda
 def test_replay_output_is_static_memory_unless_cloned():
     model, buffers, runner = captured("plain", [16, 32])
     g = torch.Generator().manual_seed(1)
