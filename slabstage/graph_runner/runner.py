@@ -238,7 +238,9 @@ class PrefillGraphRunner:
         (a slice costs more host time than the replay launch); a dict or list output
         is a new container each time. ``last_bucket`` and ``last_fallback`` say how it
         ran. Every check happens before anything is written; a bad batch leaves the
-        buffers as they were. No host synchronisation on the graph path.
+        buffers as they were. No host synchronisation on the graph path. An eager run
+        captured in a graph of the caller's stages from a parameter record of its own:
+        that graph's replays stage the captured batch again.
         """
         if not isinstance(batch, PrefillBatch):
             raise TypeError(f"run() takes a PrefillBatch, got {type(batch).__name__}")
@@ -303,9 +305,14 @@ class PrefillGraphRunner:
             if getattr(batch, name, None) is None:
                 raise ValueError(f"run(): the forward reads {name}, which this batch does not give (a KV cache's "
                                  f"slots: pack_requests(..., cache=) gives them)")
+        # staging launched here while the caller captures a graph of its own (an eager run, or staging before the
+        # graph under after_stage): a parameter record of its own, which that graph's replays copy (a ring slot
+        # holds other steps by then)
+        own = (launch and stager.triton and self.buffers.device.type == "cuda"
+               and torch.cuda.is_current_stream_capturing())
         range_push("slabstage.stage")
         try:
-            checked = stager.prepare(batch, pad_to)
+            checked = stager.prepare(batch, pad_to, own_params=own)
             if launch:
                 stager.launch(checked, pad_to)
         finally:

@@ -247,6 +247,35 @@ def test_a_bare_replay_of_a_runner_graph_stages_nothing_and_the_next_step_is_rig
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("inputs", ["host", "device"])
+def test_an_eager_run_captured_in_the_callers_graph_keeps_its_batch(inputs):
+    """An eager runner's ``run()`` captured in the caller's own graph: the capture takes a parameter record of its
+    own, so each replay of that graph stages the captured batch again, however many steps (more than the ring's
+    slots) ran between."""
+    model = ToyMultimodalModel("deepstack", hidden_size=64, device="cuda", dtype=torch.float32)
+    buffers = buffers_for(model, 64, "cuda")
+    runner = PrefillGraphRunner(model, buffers, buckets=[64], enforce_eager=True, progress=False)
+    g = torch.Generator().manual_seed(9)
+    where = "cuda" if inputs == "device" else None
+    batch = make_batch(model, 20, media_fraction=0.4, num_seqs=2, generator=g, device=where)
+    want = runner.run(batch, clone=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # (warm-up off the default stream, as torch.cuda.graph asks)
+        runner.run(batch)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = runner.run(batch)
+    for n in (30, 7, 41, 12, 20, 33, 5, 64, 18, 27):
+        other = runner.run(make_batch(model, n, media_fraction=0.4, num_seqs=2, generator=g, device=where),
+                           clone=True)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and other.shape[0] == n
+
+
+@pytest.mark.cuda
 def test_replay_output_is_static_memory_unless_cloned():
     model, buffers, runner = captured("plain", [16, 32])
     g = torch.Generator().manual_seed(1)
