@@ -234,6 +234,10 @@ class EncoderCache:
         if rows > self.arena.shape[0]:
             raise CacheFullError(f"an entry of {rows} rows exceeds the cache's device budget of "
                                  f"{self.arena.shape[0]} rows ({self.row_bytes} bytes a row)")
+        if self.reads.cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("EncoderCache: a put or reserve while the current stream captures a graph (every replay "
+                               "would write the rows this capture chose, whatever the cache holds there by then): put "
+                               "outside the capture; the runner's graphs stage entries put before each run()")
         old = self._slot_of.get(key)
         if old is not None:
             self._drop(old)

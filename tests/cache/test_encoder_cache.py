@@ -250,13 +250,20 @@ def test_cuda_caller_capture_refuses_entries():
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     refused, errors = None, new_error_word(torch.device("cuda"))
+    put_refused = None
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         stage_embeddings(slab, ids, table, errors=errors, media=media, media_index=index)  # tensors: captured
         try:
             stage_embeddings(slab, ids, table, errors=errors, media=[e], media_index=index)
         except ValueError as exc:
             refused = exc
+        try:
+            cache.put("y", torch.ones(2, 16, device="cuda"))
+        except RuntimeError as exc:
+            put_refused = exc
     assert refused is not None and "inside a graph the caller captures" in str(refused)
+    assert put_refused is not None and "while the current stream captures a graph" in str(put_refused)
+    assert "y" not in cache and cache.get("x") == e
 
 
 @pytest.mark.cuda
