@@ -268,7 +268,7 @@ def test_cache_entries_given_as_media_beside_tensors_and_other_caches():
     g = torch.Generator().manual_seed(4)
     made = [tiny_request(model, grids, [], text_lens=[3 + k] * (len(grids) + 1), generator=g)
             for k, grids in enumerate(([(1, 4, 6), (1, 4, 4)], [(1, 6, 4)], [(1, 4, 4)]))]
-    ref = [hf_generate(model, NEW, **hf) for _, hf in made]
+    ref = [hf_generate(model, 4, **hf) for _, hf in made]
     for mine in (None, EncoderCache(width, torch.float32, "cpu", 1 << 16)):
         other = EncoderCache(width, torch.float32, "cpu", 1 << 16)
         holders = [mine if mine is not None else EncoderCache(width, torch.float32, "cpu", 1 << 16), other]
@@ -278,7 +278,7 @@ def test_cache_entries_given_as_media_beside_tensors_and_other_caches():
                 sshf.Request(r1.input_ids, [given[1]], image_grid_thw=r1.image_grid_thw),
                 sshf.Request(r2.input_ids, [given[2]], image_grid_thw=r2.image_grid_thw)]
         for budget in (7, 64):
-            assert sshf.generate(model, reqs, max_new_tokens=NEW, token_budget=budget, encoder_cache=mine) == ref
+            assert sshf.generate(model, reqs, max_new_tokens=4, token_budget=budget, encoder_cache=mine) == ref
         for entry, req in zip(given, (r0, r1, r2)):
             assert torch.equal(entry.cache.rows_of(entry), req.media[0])
         if mine is not None:
