@@ -20,3 +20,19 @@ def path(request, monkeypatch):
     gc.collect()
     yield request.param
     op_stagers.clear()
+
+
+@pytest.fixture
+def ring_of(monkeypatch):
+    """``ring_of(k)``: stagers made after it keep a ring of ``k`` parameter records (CUDA's has 8, the CPU
+    path's 1), so a test on the CPU can walk a step past the ring; the ring is the Triton path's."""
+    if not INTERPRET:
+        pytest.skip("the ring is used on the Triton path")
+
+    def slots(k: int) -> None:
+        class Ring(stager_module.PinnedRing):
+            def __init__(self, slot_bytes, pinned, k_=8):
+                super().__init__(slot_bytes, pinned, k=k)
+
+        monkeypatch.setattr(stager_module, "PinnedRing", Ring)
+    return slots

@@ -8,21 +8,13 @@ import torch
 
 from slabstage import StagingBuffers, stage_token_inputs
 from slabstage.staging.stager import stage_batch
-from slabstage.kernels.runtime import INTERPRET
 from slabstage.staging import stager as stager_module
 
 
 @pytest.fixture
-def four_slots(monkeypatch):
-    """A ring of 4 slots on the CPU (CUDA's has 8; the CPU path's 1), so a bare replay reads an older step."""
-    if not INTERPRET:
-        pytest.skip("the ring's fetch runs under the Triton interpreter on the CPU")
-
-    class FourSlots(stager_module.PinnedRing):
-        def __init__(self, slot_bytes, pinned, k=8):
-            super().__init__(slot_bytes, pinned, k=4)
-
-    monkeypatch.setattr(stager_module, "PinnedRing", FourSlots)
+def four_slots(ring_of):
+    """A ring of 4 slots, so that a bare replay finds an older step in the slot it reads."""
+    ring_of(4)
 
 
 def bare_replay(stager, pad_to: int) -> None:

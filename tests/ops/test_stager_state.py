@@ -17,7 +17,6 @@ from slabstage import StagingBuffers, new_error_word, stage_embeddings, stage_to
 from slabstage.staging import op_stagers
 from slabstage.staging import stager as stager_module
 from slabstage.staging.destinations import Destinations
-from slabstage.kernels.runtime import INTERPRET
 from slabstage.ops import HAS_CUSTOM_OPS, stage_embeddings_op, stage_token_inputs_op
 
 W, T = 32, 48
@@ -145,18 +144,11 @@ def test_a_stager_serves_only_its_own_destinations(path):
     assert a.input_ids.data_ptr() in sa._dest.tolist() and b.input_ids.data_ptr() not in sa._dest.tolist()
 
 
-def test_a_ring_slot_is_not_rewritten_while_a_launch_may_read_it(monkeypatch):
+def test_a_ring_slot_is_not_rewritten_while_a_launch_may_read_it(monkeypatch, ring_of):
     """A ring of two slots; the device is made to look behind (the done word, which each launch's program 0
     sets after the copy or fetch that read its slot, reads an old step): the next block waits for it, and
     the slot it waits for is untouched until then."""
-    if not INTERPRET:
-        pytest.skip("the ring is used on the Triton path")
-
-    class TwoSlots(stager_module.PinnedRing):
-        def __init__(self, slot_bytes, pinned, k=8):
-            super().__init__(slot_bytes, pinned, k=2)
-
-    monkeypatch.setattr(stager_module, "PinnedRing", TwoSlots)
+    ring_of(2)
     buf = allocate()
     st = stager_module.Stager.for_buffers(buf, embed=False)
     ring, waited = st.ring, []
