@@ -31,7 +31,7 @@ def ring_of(monkeypatch):
 
     def slots(k: int) -> None:
         class Ring(stager_module.PinnedRing):
-            def __init__(self, slot_bytes, pinned, k_=8):
+            def __init__(self, slot_bytes, pinned, **_):
                 super().__init__(slot_bytes, pinned, k=k)
 
         monkeypatch.setattr(stager_module, "PinnedRing", Ring)
