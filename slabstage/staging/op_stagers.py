@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import torch
 
@@ -23,6 +23,9 @@ MAX_STAGERS = 16  # stagers kept for the ops' destinations (an engine stages int
 
 _CACHE: OrderedDict = OrderedDict()  # key -> _Entry, least recently used first
 _LOCK = threading.Lock()
+# slab storage -> the [raw handle, Stream] of its stager's last launch, kept while the storage lives: a stager
+# made for it after the cache let the last one go orders its launches after that one's
+_SLAB_ORDER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class _Entry:
@@ -39,10 +42,32 @@ def _base(t: torch.Tensor) -> torch.Tensor:
     return t._base if t._base is not None else t
 
 
+_DROPPED: deque = deque()  # keys whose owners were collected, not yet dropped
+
+
 def _drop(key) -> None:
-    with _LOCK:
+    """An owner of ``key``'s entry was collected: drop the entry, or, while the lock is held (the collector runs
+    finalizers at any allocation, also inside this module's locked code on this thread), queue its key for the
+    next look into the cache."""
+    if not _LOCK.acquire(blocking=False):
+        _DROPPED.append(key)
+        return
+    try:
         entry = _CACHE.pop(key, None)
+    finally:
+        _LOCK.release()
     _detach(entry)
+
+
+def _drain() -> None:
+    """Drop the entries whose keys the finalizers queued."""
+    gone = []
+    with _LOCK:
+        while _DROPPED:
+            entry = _CACHE.pop(_DROPPED.popleft(), None)
+            if entry is not None:
+                gone.append(entry)
+    _detach(*gone)
 
 
 def _detach(*entries) -> None:
@@ -71,6 +96,8 @@ def _keep(key, stager: Stager, owners) -> _Entry:
 
 
 def _get(key):
+    if _DROPPED:
+        _drain()
     entry = _CACHE.get(key)
     if entry is not None:
         try:
@@ -98,7 +125,7 @@ def slab_stager(slab, errors) -> tuple[Destinations, Stager]:
                 return dst, entry.stager
     dst = Destinations(slab=slab, errors=errors, host_ok=False)
     if entry is None:
-        entry = _keep(key, Stager(dst), (storage,))
+        entry = _keep(key, Stager(dst, _SLAB_ORDER.setdefault(storage, [None, None])), (storage,))
     _remember(entry, dst, errors)
     return dst, entry.stager
 
@@ -139,6 +166,7 @@ def slots_stager(dst: Destinations) -> Stager:
 
 def cached_stagers() -> int:
     """Stagers the ops keep now."""
+    _drain()
     return len(_CACHE)
 
 

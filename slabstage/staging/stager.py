@@ -69,15 +69,20 @@ def _sweep() -> None:
     sync). Nothing is done while the current stream captures a graph (a query there would break the capture)."""
     if not _RETIRED or _capturing_now():
         return
-    with _RETIRED_LOCK:
+    if not _RETIRED_LOCK.acquire(blocking=False):  # (a sweep under way: on another thread, or this one when the
+        return  # collector ran a stager's finalizer inside it)
+    try:
+        n = len(_RETIRED)
         keep = []
-        for entry in _RETIRED:
+        for entry in _RETIRED[:n]:
             if entry[0] is None:  # (collected while a graph was being captured: recorded now)
                 entry[0] = torch.cuda.Event()
                 entry[0].record(entry[1])
             if not entry[0].query():
                 keep.append(entry)
-        _RETIRED[:] = keep
+        _RETIRED[:n] = keep  # (entries a finalizer appended meanwhile stay)
+    finally:
+        _RETIRED_LOCK.release()
 
 
 def _capturing_now() -> bool:
@@ -92,8 +97,7 @@ def _retire(held: tuple, where: list) -> None:
     if held[3]:
         _CAPTURED.append(held)
     elif stream is not None:
-        with _RETIRED_LOCK:
-            _RETIRED.append([None, stream, held])
+        _RETIRED.append([None, stream, held])  # (no lock: the collector may run this inside a sweep)
     _sweep()
 
 
@@ -101,7 +105,10 @@ class Stager:
     """Stages batches into ``dst`` through the one kernel (see the module docstring); the piece of a slab row one
     program writes comes from the slab's width and dtype (:func:`launch_settings`)."""
 
-    def __init__(self, dst: Destinations) -> None:
+    def __init__(self, dst: Destinations, where: list | None = None) -> None:
+        """``where``: the ``[raw handle, Stream]`` of the last launch into these destinations, shared with the
+        other stagers that write them (a buffers' two stagers; a slab's stager and the one made after it was
+        let go), so that a launch on another stream waits for theirs too."""
         _sweep()
         device, slab = dst.device, dst.slab
         self.triton = use_triton(device)
@@ -139,7 +146,7 @@ class Stager:
         self._reads = None  # (EncoderCache, slots) the prepared batch's media reads, if cache entries
         self.lock = threading.Lock()
         self.dst = dst
-        self._where = [None, None]  # (raw handle, Stream) of the stream of the last launch or replay
+        self._where = [None, None] if where is None else where  # (raw handle, Stream) of the last launch
         self._index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
         self._dest = self._dest_words(dst)
         at = HEADER_WORDS + SOURCE_WORDS * self.num_slots
@@ -419,7 +426,7 @@ class Stager:
         slots, fills = buffers.slots_and_fills()
         dst = Destinations(slab=reg["input_embeds"] if embed else None, slots=slots, fills=fills, errors=errors,
                            host_ok=True, device=buffers.device, batch_cap=buffers.max_batch_size)
-        st = cls(dst)
+        st = cls(dst, buffers._stagers.setdefault("where", [None, None]))  # (one order for both)
         buffers._stagers[embed] = (st, reg.signature(), errors, errors.data_ptr())
         return st
 

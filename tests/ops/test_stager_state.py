@@ -183,3 +183,96 @@ def test_buffers_copy_and_pickle_after_staging(path, how):
     assert torch.equal(twin.input_ids[:5], other) and torch.equal(buf.input_ids[:11], ids)
     stage_token_inputs(buf, input_ids=ids + 1, positions=ids, pad_to=11)
     assert torch.equal(twin.input_ids[:5], other) and torch.equal(buf.input_ids[:11], ids + 1)
+
+
+# -- the order of launches across streams, and finalizers ----------------------------------------------------
+class _Stream:
+    """A stream as a stager's ``_order`` sees it: the streams it was told to wait for."""
+
+    def __init__(self, name):
+        self.name, self.waited = name, []
+
+    def wait_stream(self, other):
+        self.waited.append(other.name)
+
+
+@pytest.fixture
+def streams(monkeypatch):
+    """Streams "A" and "B"; ``streams["now"]`` names the current one (the stagers' CUDA ordering on the CPU)."""
+    s = {"A": _Stream("A"), "B": _Stream("B"), "now": "A"}
+    monkeypatch.setattr(stager_module, "_raw_stream", lambda index: id(s[s["now"]]))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: s[s["now"]])
+    return s
+
+
+def test_the_stagers_of_one_set_of_buffers_keep_one_order_across_streams(streams):
+    """The runner's stager (slab and slots) and stage_token_inputs' (slots) write the same buffers: a launch of
+    either on stream B after one of the other on stream A waits for A."""
+    buf = allocate()
+    run_st, tok_st = (stager_module.Stager.for_buffers(buf, embed=e) for e in (True, False))
+    assert run_st is not tok_st
+    run_st._order()  # runner.run on A
+    streams["now"] = "B"
+    tok_st._order()  # stage_token_inputs(buffers) on B
+    assert streams["B"].waited == ["A"]
+    streams["now"] = "A"
+    run_st._order()
+    assert streams["A"].waited == ["B"]
+
+
+def test_a_slab_staged_again_after_the_ops_let_its_stager_go_keeps_its_order(streams, monkeypatch, path):
+    """stage_embeddings(slab) on stream A, then more slabs than the ops keep stagers for (slab's is let go),
+    then stage_embeddings(slab) on stream B: B still waits for A."""
+    launch = stager_module.Stager.launch
+
+    def ordered(self, c, pad_to):  # (the CUDA path's _order, on the CPU)
+        self._order()
+        return launch(self, c, pad_to)
+
+    monkeypatch.setattr(stager_module.Stager, "launch", ordered)
+    errors, table, ids = new_error_word("cpu"), torch.randn(20, 8), torch.arange(4)
+    slab = torch.zeros(8, 8)
+    stage_embeddings(slab, ids, table, errors=errors)
+    others = [torch.zeros(4, 8) for _ in range(op_stagers.MAX_STAGERS)]
+    for o in others:
+        stage_embeddings(o, ids, table, errors=errors)
+    assert op_stagers.cached_stagers() == op_stagers.MAX_STAGERS
+    streams["B"].waited.clear()
+    streams["now"] = "B"
+    stage_embeddings(slab, ids, table, errors=errors)
+    assert streams["B"].waited == ["A"]
+
+
+def test_a_finalizer_the_collector_runs_inside_the_ops_lock_does_not_deadlock(monkeypatch, path):
+    """A slab's finalizer (it drops the slab's stager) run by the cycle collector at an allocation made while the
+    ops' lock is held, on the same thread: it queues the drop and takes no lock."""
+    import threading
+
+    errors, table, ids = new_error_word("cpu"), torch.randn(20, 8), torch.arange(4)
+    gc.disable()
+    try:
+        slab = torch.zeros(8, 8)
+        stage_embeddings(slab, ids, table, errors=errors)
+        cycle = [slab]
+        cycle.append(cycle)
+        del slab, cycle  # garbage: the next collection frees it
+
+        class Collecting(type(op_stagers._CACHE)):
+            def popitem(self, last=True):  # (the collector running at an allocation under the lock)
+                gc.collect()
+                return super().popitem(last)
+
+        monkeypatch.setattr(op_stagers, "_CACHE", Collecting(op_stagers._CACHE))
+        monkeypatch.setattr(op_stagers, "MAX_STAGERS", 1)  # (so that a new slab's stager evicts under the lock)
+        done = threading.Event()
+
+        def call():
+            stage_embeddings(torch.zeros(8, 8), ids, table, errors=errors)
+            done.set()
+
+        threading.Thread(target=call, daemon=True).start()
+        assert done.wait(20), "deadlock: a finalizer waits for the lock its own thread holds"
+        op_stagers.cached_stagers()  # (a drop queued under the lock is made at the next look)
+        assert not op_stagers._DROPPED
+    finally:
+        gc.enable()
