@@ -127,7 +127,9 @@ class PrefillGraphRunner:
     def graphs(self) -> dict:
         """bucket -> ``(torch.cuda.CUDAGraph, its static outputs)``; empty before :meth:`capture`. A bare
         ``replay()`` of one (no batch prepared for it by :meth:`run`) stages nothing: its forward runs again on the
-        buffers as the last step left them."""
+        buffers as the last step left them. Each graph takes the next parameter record :meth:`run` wrote, so a bare
+        replay must have run on the device before the next :meth:`run` (synchronize after bare replays): one still
+        queued then would take that run's batch, and the run's own replay would stage nothing."""
         return dict(self._graphs)
 
     @property
