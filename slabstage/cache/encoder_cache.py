@@ -79,6 +79,7 @@ class EncoderCache:
         self.handles: list = []  # per slot: the handle of its whole entry (made once a generation: a hit is a lookup)
         self._spare: list = []  # free slots
         self._written: dict = {}  # slot -> (event, raw stream) of a demotion's copy into its host rows, maybe queued
+        self._held: dict = {}  # slot -> holds (hold / release): entries no put evicts or demotes
         self.vec = not (self.row_bytes & 15 or self.bases[0] & 15 or (self.host.numel() and self.bases[1] & 15))
         self._spans = [(f"the encoder cache's {name} rows", base, base + t.shape[0] * self.row_bytes)
                        for name, base, t in zip(("device", "host"), self.bases, self.arenas) if t.shape[0]]
@@ -106,7 +107,7 @@ class EncoderCache:
         view = self._view(entry.slot)
         at = 0
         for t in blocks:
-            view[:, at:at + t.shape[1]].copy_(t, non_blocking=True)
+            view[:, at:at + t.shape[1]].copy_(t.detach(), non_blocking=True)  # (the arena records no autograd)
             at += t.shape[1]
         if at < self.width:
             view[:, at:].zero_()
@@ -169,6 +170,27 @@ class EncoderCache:
         """A view of ``entry``'s rows (all columns) where they lie."""
         self._check_live(entry)
         return self._view(entry.slot)[entry.first:entry.first + entry.rows]
+
+    def hold(self, entry: Entry) -> None:
+        """Keep ``entry``'s entry where it is until :meth:`release`: no put or reserve evicts or demotes it (one that
+        finds no other room raises :class:`CacheFullError`); :meth:`evict` and a put under its key still replace
+        it. Holds count: each needs its release."""
+        self._check_live(entry)
+        self._held[entry.slot] = self._held.get(entry.slot, 0) + 1
+
+    def release(self, entry: Entry) -> None:
+        """Undo one :meth:`hold` of ``entry`` (nothing if its entry has gone since)."""
+        slot = entry.slot
+        if type(entry) is Entry and entry.cache is self and slot < len(self.gens) and self.gens[slot] == entry.gen:
+            n = self._held.pop(slot, 0) - 1
+            if n > 0:
+                self._held[slot] = n
+
+    def evict_unheld(self) -> None:
+        """Evict every entry that no :meth:`hold` keeps."""
+        for slot, key in enumerate(self.keys):
+            if key is not None and slot not in self._held:
+                self._drop(slot)
 
     def evict(self, key) -> None:
         """Drop ``key``'s entry (its handles are refused from now on)."""
@@ -234,6 +256,9 @@ class EncoderCache:
         if rows > self.arena.shape[0]:
             raise CacheFullError(f"an entry of {rows} rows exceeds the cache's device budget of "
                                  f"{self.arena.shape[0]} rows ({self.row_bytes} bytes a row)")
+        if self._held and rows > self._widest(DEVICE):
+            raise CacheFullError(f"an entry of {rows} rows: the cache's device rows beside the entries kept by "
+                                 f"hold() have no run that long ({self._widest(DEVICE)} rows at most)")
         if self.reads.cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("EncoderCache: a put or reserve while the current stream captures a graph (every replay "
                                "would write the rows this capture chose, whatever the cache holds there by then): put "
@@ -269,11 +294,13 @@ class EncoderCache:
             if got is not None:
                 self._after(got[1])
                 return got[0]
-            if not lru:  # (free runs merge: with every entry gone the tier is one run)
+            held = self._held
+            victim = next((s for s in lru if s not in held), None) if held else next(iter(lru), None)
+            if victim is None:  # (checked before: with every entry but the held ones gone, there is a run)
                 raise RuntimeError(f"slabstage: the encoder cache has no run of {rows} free rows "
                                    f"({free.free_rows()} free in all)")
-            victim = next(iter(lru))
-            if tier == DEVICE and self.host.shape[0] and self.lens[victim] <= self.host.shape[0]:
+            if tier == DEVICE and self.host.shape[0] and self.lens[victim] <= (
+                    self._widest(HOST) if held else self.host.shape[0]):
                 self._demote(victim)
             else:
                 self._drop(victim)
@@ -287,6 +314,14 @@ class EncoderCache:
             for e in events:
                 if getattr(e, "on", None) != here:
                     stream.wait_event(e)
+
+    def _widest(self, tier: int) -> int:
+        """The longest run of ``tier``'s rows that no held entry lies in: what evicting every other entry frees."""
+        spans = sorted((self.ats[s], self.lens[s]) for s in self._held if self.tiers[s] == tier)
+        widest, end = 0, 0
+        for at, rows in spans:
+            widest, end = max(widest, at - end), max(end, at + rows)
+        return max(widest, self.arenas[tier].shape[0] - end)
 
     def _demote(self, slot: int) -> None:
         """Move a device entry to the host tier (a queued copy), keeping its key and generation."""
@@ -311,6 +346,7 @@ class EncoderCache:
         del self.lru[tier][slot]
         self.free[tier].give(self.ats[slot], self.lens[slot], self.reads.take(slot) + self.writes.take(slot))
         self._written.pop(slot, None)
+        self._held.pop(slot, None)
         del self._slot_of[self.keys[slot]]
         self.keys[slot], self.tiers[slot], self.lens[slot], self.handles[slot] = None, _FREE, 0, None
         self.gens[slot] += 1

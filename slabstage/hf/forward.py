@@ -32,7 +32,7 @@ def prefill_forward(model, *, cache: KVCache | None = None):
     real row; when every ``seq_lens`` is 0 the real rows are one request. With ``cache`` (a
     :class:`~slabstage.hf.KVCache` of this model), every layer also writes the chunk's K and V at
     ``out_cache_loc`` and request ``r`` first attends to its ``prefix_lens[r]`` cached tokens; without it
-    nothing is written. A replay runs the eager forward's kernels (docs/graphs.md).
+    nothing is written. A replay runs the eager forward's kernels (docs/graphs.md). It runs without autograd.
 
     Raises ``TypeError``/:class:`WidthContractError` as :func:`input_embeds_width` does, and ``ValueError`` for
     an attention implementation other than sdpa or eager, sliding-window layers or layers of different head
@@ -51,7 +51,8 @@ def prefill_forward(model, *, cache: KVCache | None = None):
     layers, norm, rotary = lm.layers, lm.norm, lm.rotary_emb
     dtype = next(lm.parameters()).dtype
 
-    def forward(views: dict) -> torch.Tensor:
+    @torch.no_grad()  # (inference: no autograd history on the KV cache or the outputs, whatever the model's
+    def forward(views: dict) -> torch.Tensor:  # parameters say)
         embeds = views["input_embeds"]
         h = embeds[:, :hidden].to(dtype)[None]  # a no-op view when the slab has the model's dtype
         position_ids = views["mrope_positions"][:, None, :] if mrope else views["positions"][None]  # [3|1, 1, T]

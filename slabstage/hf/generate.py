@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..cache.encoder_cache import CacheFullError, EncoderCache
+from ..cache.encoder_cache import CacheFullError, EncoderCache, StaleEntryError
 from ..checks import check_int, is_int
 from ..entry import Entry
 from ..graph_runner.batch import PrefillBatch
@@ -235,7 +235,8 @@ class Generator:
         self.runner = PrefillGraphRunner(forward, self.buffers, buckets=[b for b in ladder if b <= capacity],
                                          enforce_eager=not graphs, **{"progress": False, **(runner_options or {})})
         if graphs and self.device.type == "cuda":
-            self.runner.capture()
+            with torch.no_grad():
+                self.runner.capture()
 
     def _own_cache(self, cache, width: int):
         where = "slabstage.hf.generate: encoder_cache"
@@ -345,8 +346,9 @@ class Generator:
                                                                               which[1])
         return media_items(self.model, **given, encoder_cache=self.encoder_cache, keys=[seq.keys[j] for j in read])
 
+    @torch.no_grad()
     def generate(self, requests: Sequence[Request], *, max_new_tokens: int = 32, eos_token_id=None) -> list:
-        """:func:`generate` over this generator's buffers, caches and graphs."""
+        """:func:`generate` over this generator's buffers, caches and graphs (without autograd, as HF's)."""
         fam, where = self.fam, "slabstage.hf.generate:"
         _check_int("max_new_tokens", max_new_tokens)
         self._calls += 1
@@ -372,26 +374,57 @@ class Generator:
             for seq in seqs:
                 seq.delta = _rope_delta(fam, seq.request, seq.request.input_ids)
         eos = _eos_ids(self.model, eos_token_id)
-        waiting, running = list(seqs), []
-        free = list(range(self.max_running))
-        while waiting or running:
-            while waiting and free:
-                seq = waiting.pop(0)
-                seq.row = free.pop(0)
-                running.append(seq)
-            prefill = [s for s in running if s.done < s.length]
-            picked = self._prefill(prefill) if prefill else self._decode(running)
-            for seq, token in picked:
-                seq.new.append(token)
-                if token in eos or len(seq.new) >= max_new_tokens:
-                    running.remove(seq)
-                    free.append(seq.row)
+        held = self._hold_given(seqs)  # {request: the entries of this cache it gives}, until it is prefilled
+        try:
+            waiting, running = list(seqs), []
+            free = list(range(self.max_running))
+            while waiting or running:
+                while waiting and free:
+                    seq = waiting.pop(0)
+                    seq.row = free.pop(0)
+                    running.append(seq)
+                prefill = [s for s in running if s.done < s.length]
+                picked = self._prefill(prefill) if prefill else self._decode(running)
+                for seq in [s for s in prefill if s.done == s.length and s.index in held]:
+                    for entry in held.pop(seq.index):
+                        self.encoder_cache.release(entry)
+                for seq, token in picked:
+                    seq.new.append(token)
+                    if token in eos or len(seq.new) >= max_new_tokens:
+                        running.remove(seq)
+                        free.append(seq.row)
+        finally:
+            for entries in held.values():
+                for entry in entries:
+                    self.encoder_cache.release(entry)
         for seq in seqs:  # (the entries of items given as tensors, unnamed, were this call's)
             req = seq.request
             if seq.keys and req.media_keys is None and req.pixel_values is None and req.pixel_values_videos is None:
                 for key in seq.keys:
                     self.encoder_cache.evict(key)
         return [s.new for s in seqs]
+
+    def _hold_given(self, seqs: list) -> dict:
+        """``{request index: entries}``: the entries of this generator's cache that requests give as items, held
+        until their request is prefilled (another request's put must not evict them first); a stale one raises
+        :class:`StaleEntryError` naming its request."""
+        cache, held = self.encoder_cache, {}
+        try:
+            for seq in seqs if cache is not None else ():
+                for j, item in enumerate(seq.request.media if seq.keys is not None else ()):
+                    if type(item) is Entry and item.cache is cache:
+                        try:
+                            cache.hold(item)
+                        except StaleEntryError as e:
+                            raise StaleEntryError(f"slabstage.hf.generate: request {seq.index}: item {j}: {e}") \
+                                from None
+                        held.setdefault(seq.index, []).append(item)
+        except BaseException:
+            for entries in held.values():
+                for entry in entries:
+                    cache.release(entry)
+            raise
+        return held
 
     def _sample(self, hidden: torch.Tensor) -> list:
         """Greedy ids of ``hidden`` (the rows to sample, one a request): the LM head on them; one read back."""
@@ -412,9 +445,7 @@ class Generator:
             chunks = chunks[:1]
             media = self._media(chunks)
         if media is None:  # its items fit the budget but not the free runs between entries: the cache starts over
-            cache = self.encoder_cache
-            for key in [k for k in cache.keys if k is not None]:
-                cache.evict(key)
+            self.encoder_cache.evict_unheld()  # (but for the entries requests give, held for the call)
             media = self._media(chunks)
         if media is None:  # nor all of the chunk's items: the chunk stops before the second item it reads
             seq, a, b = chunks[0]

@@ -29,6 +29,7 @@ def pick_items(pixels: torch.Tensor, grid: torch.Tensor, which: list) -> tuple[t
     return torch.cat([pixels[ends[j] - int(grid[j].prod()):ends[j]] for j in which]), grid[which]
 
 
+@torch.no_grad()  # (encoder outputs for inference: no autograd history, whatever the parameters say)
 def _tower(fam, pixel_values, grid_thw, video: bool):
     get = fam.base.get_video_features if video else fam.base.get_image_features
     # the tower computes positions from the grid beside the pixels; the row counts come from the host copy

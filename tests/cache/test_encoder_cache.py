@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from builders import Later  # noqa: I001 - tests/builders.py
 
 from slabstage import PrefillBatch, PrefillGraphRunner, StagingBuffers, new_error_word, stage_embeddings
-from slabstage.cache import EncoderCache, Entry, StaleEntryError
+from slabstage.cache import CacheFullError, EncoderCache, Entry, StaleEntryError
 from slabstage.cache.rows import Rows
 
 from builders import gen, poisoned, randint, randn, same_bytes  # noqa: I001 - tests/builders.py
@@ -164,6 +164,37 @@ def test_media_mixing_and_other_cache_refused():
     with pytest.raises(TypeError, match="cache entries or tensors, not both"):
         stage(slab, ids, table, media=[a, randn(g, 2, W)], media_index=index)
     assert slab.isnan().all()
+
+
+def test_held_entries_stay_until_released():
+    """hold() keeps an entry from eviction and demotion by puts (holds count; evict and a put under its key still
+    replace it); a put that cannot fit beside the held entries raises before it evicts anything."""
+    cache = EncoderCache(4, F32, "cpu", 10 * 16, host_budget_bytes=4 * 16)
+    a = cache.put("a", torch.full((4, 4), 1.0))
+    cache.put("b", torch.full((3, 4), 2.0))
+    cache.hold(a)
+    cache.hold(a)
+    cache.put("c", torch.full((5, 4), 3.0))  # evicts (demotes) "b", not "a" though it is older
+    assert cache.tier(a) == "device" and cache.tier(cache.get("b")) == "host"
+    with pytest.raises(CacheFullError, match="kept by hold"):
+        cache.put("d", torch.full((7, 4), 4.0))  # 6 rows beside "a" at most
+    assert "c" in cache and "b" in cache and "d" not in cache  # nothing was evicted for it
+    cache.release(a)
+    cache.put("e", torch.full((6, 4), 5.0))  # still held once: "c" goes
+    assert cache.tier(a) == "device" and "c" not in cache
+    cache.release(a)
+    cache.put("f", torch.full((6, 4), 6.0))  # released: "a" goes now (to the host tier, where "b" makes room)
+    assert cache.tier(cache.get("a")) == "host" and "b" not in cache
+    assert torch.equal(cache.rows_of(cache.get("f")), torch.full((6, 4), 6.0))
+    g = cache.put("g", torch.full((2, 4), 7.0))
+    cache.hold(g)
+    cache.evict_unheld()
+    assert [k for k in ("a", "b", "c", "e", "f", "g") if k in cache] == ["g"]
+    cache.evict("g")  # evict drops a held entry; its hold goes with it
+    assert "g" not in cache and not cache._held
+    cache.release(g)  # (a release after the entry went does nothing)
+    with pytest.raises(StaleEntryError):
+        cache.hold(g)
 
 
 def test_free_runs_hand_out_rows_with_what_a_writer_must_wait_for():

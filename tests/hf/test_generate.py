@@ -65,6 +65,36 @@ def test_generate_equals_hf_generate(family):
         == free
 
 
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen2"])
+def test_a_model_whose_parameters_require_grad_leaves_no_autograd_history(family):
+    """A model as from_pretrained leaves it (parameters require grad), generate called without no_grad, as HF's
+    generate is: the ids are HF's, and neither the KV cache, the encoder cache's arena nor the media items record
+    autograd history (it would keep every step's activations alive)."""
+    from slabstage.cache import EncoderCache
+    from slabstage.hf.width import input_embeds_width
+
+    model = tiny_model(family, seed=4)
+    model.generation_config.eos_token_id = None
+    prompts = _requests(model, family)
+    ref = [hf_generate(model, 4, **hf) for _, hf in prompts]
+    model.requires_grad_(True)
+    items = sshf.media_items(model, **{k: v for k, v in prompts[0][1].items() if k in (
+        "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}) if model.config.model_type \
+        != "qwen2" else []
+    assert all(not t.requires_grad for item in items for t in (item if isinstance(item, tuple) else (item,)))
+    cache = EncoderCache(input_embeds_width(model), torch.float32, "cpu", 1 << 16) if items else None
+    gen = sshf.Generator(model, max_running=2, max_context=128, token_budget=16, encoder_cache=cache)
+    reqs = [sshf.Request(r.input_ids, image_grid_thw=r.image_grid_thw, video_grid_thw=r.video_grid_thw,
+                         pixel_values=hf.get("pixel_values"), pixel_values_videos=hf.get("pixel_values_videos"))
+            for r, hf in prompts] if items else [r for r, _ in prompts]
+    assert gen.generate(reqs, max_new_tokens=4) == ref
+    for t in [*gen.cache.k, *gen.cache.v] + ([cache.arena] if cache is not None else []):
+        assert not t.requires_grad and t.grad_fn is None
+    if cache is not None:
+        cache.put("a tensor that requires grad", torch.randn(3, cache.width, requires_grad=True))
+        assert not cache.arena.requires_grad and cache.arena.grad_fn is None
+
+
 def test_requests_queue_for_cache_rows_and_budgets_vary():
     """Fewer cache rows than requests (a finished request's row is reused) and other budgets (7 tokens a step cuts
     the first prompt's image at its third row): the same ids."""

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 
 import slabstage.hf as sshf  # noqa: E402
-from slabstage.cache import EncoderCache  # noqa: E402
+from slabstage.cache import EncoderCache, StaleEntryError  # noqa: E402
 from slabstage.hf._checks import grid_rows  # noqa: E402
 from slabstage.hf.generate import content_keys, hf_generate  # noqa: E402
 from slabstage.hf.pack import item_spans  # noqa: E402
@@ -283,3 +283,26 @@ def test_cache_entries_given_as_media_beside_tensors_and_other_caches():
             assert torch.equal(entry.cache.rows_of(entry), req.media[0])
         if mine is not None:
             assert len(mine) == 2  # its own two given entries; the call's copies dropped after it
+
+
+def test_an_entry_a_request_gives_is_not_evicted_before_its_request_is_prefilled():
+    """Request 0 gives its image as an entry of the generator's own cache, request 1 a tensor item, and the cache
+    holds one of them at a time: request 1's put does not evict request 0's entry in the step that reads it (the
+    step prefills request 0 alone first), and the ids are HF's."""
+    model = tiny_model("qwen2_vl", seed=2)
+    model.generation_config.eos_token_id = None
+    g = torch.Generator().manual_seed(4)
+    (ra, ha), (rb, hb) = [tiny_request(model, grids, [], text_lens=[3, 4], generator=g)
+                          for grids in ([(1, 4, 6)], [(1, 6, 4)])]
+    ref = [hf_generate(model, 4, **ha), hf_generate(model, 4, **hb)]
+    width = input_embeds_width(model)
+    cache = EncoderCache(width, torch.float32, "cpu", 10 * width * 4)  # 10 rows: either 6-row item, not both
+    entry = cache.put("a", ra.media[0])
+    reqs = [sshf.Request(ra.input_ids, [entry], image_grid_thw=ra.image_grid_thw), rb]
+    assert sshf.generate(model, reqs, max_new_tokens=4, token_budget=64, encoder_cache=cache) == ref
+    assert not cache._held  # (released as its request was prefilled)
+    stale = cache.put("x", torch.zeros(10, width))  # evicts "a"
+    with pytest.raises(StaleEntryError, match="request 0: item 0"):
+        sshf.generate(model, [sshf.Request(ra.input_ids, [entry], image_grid_thw=ra.image_grid_thw)],
+                      max_new_tokens=4, encoder_cache=cache)
+    assert cache.get("x") == stale
