@@ -140,4 +140,6 @@ def all_reduce_in_forward(forward: Callable[[dict], Any], buffers: StagingBuffer
 
     forward_after_all_reduce.forward = forward
     forward_after_all_reduce.group = group
+    if hasattr(forward, "needs"):  # (the slots the runner requires of a batch: prefill_forward's with a KV cache)
+        forward_after_all_reduce.needs = forward.needs
     return forward_after_all_reduce

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from ..staging.stager import Stager, capture_stream
 from ..staging.buffers import StagingBuffers
@@ -85,12 +86,14 @@ def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
 
 
 def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buckets: list, *, pool, static,
-                    verify: str, after_stage, progress: bool, rank0: bool) -> Captured:
+                    verify: str, after_stage, progress: bool, rank0: bool, group=None) -> Captured:
     """Capture and check ``buckets`` (the largest bucket among them first, or captured already) into ``pool``.
 
     ``pool`` is None for a new private pool (the first graph's); ``static`` is the largest bucket's outputs
     when that bucket is captured already (the graphs of smaller buckets copy their rows into them), else None.
-    ``verify`` and ``after_stage`` as :class:`PrefillGraphRunner` takes them. Every buffer is as it was when
+    ``verify``, ``after_stage`` and ``group`` (its ``process_group``) as :class:`PrefillGraphRunner` takes them:
+    under a group of several ranks every rank replays each bucket as often and drops the buckets any rank's check
+    dropped (one collective a bucket), so all take the same path. Every buffer is as it was when
     this returns or raises; on an error no graph is kept and :class:`CaptureError` is raised. Logs the capture
     (at info on rank 0, ``rank0``) and each bucket the check dropped (a warning on rank 0).
     """
@@ -115,7 +118,7 @@ def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buc
                 if verify == "off":
                     continue
                 check = checks[bucket] = _check_one(stager, bucket, graph, out, probe, eager_out, eager_us,
-                                                    after_stage)
+                                                    after_stage, group)
                 if check["dropped"] is not None:
                     if verify == "strict":
                         raise CaptureError(f"the {bucket}-token bucket's replay {DROPPED_WORDS[check['dropped']]} "
@@ -183,9 +186,13 @@ def _capture_one(forward, buffers: StagingBuffers, stager: Stager, bucket: int, 
     return graph, out, probe, eager_out, eager_us
 
 
-def _check_one(stager: Stager, bucket: int, graph, out, probe, eager_out, eager_us: float, after_stage) -> dict:
+def _check_one(stager: Stager, bucket: int, graph, out, probe, eager_out, eager_us: float, after_stage,
+               group=None) -> dict:
     """Replay ``graph`` on the capture's inputs: equal bit for bit to the eager outputs, and no slower
-    (a second replay is timed when the first looks slower: it may have paid for uploading the graph)."""
+    (a second replay is timed when the first looks slower: it may have paid for uploading the graph). Under a
+    ``group`` of several ranks: two replays on every rank (a graph may hold a collective), and the verdict
+    every rank's (an all-reduce of the flags)."""
+    ranks = dist.get_world_size(group) if group is not None and dist.is_available() and dist.is_initialized() else 1
     best = float("inf")
     for _ in range(2):
         checked = stager.prepare(probe, bucket)
@@ -199,13 +206,21 @@ def _check_one(stager: Stager, bucket: int, graph, out, probe, eager_out, eager_
         end.record()
         end.synchronize()
         best = min(best, start.elapsed_time(end) * 1e3)
-        if best <= eager_us:
+        if best <= eager_us and ranks == 1:
             break
     same, diff = bit_equal(first_rows(out, bucket, False), eager_out)
     slower = best > eager_us * 1.02 + 2.0  # (2% and 2 µs: the timers' own spread)
-    dropped = REPLAY_DIFFERS if not same else (REPLAY_SLOWER if slower else None)
     detail = (f"max |replay - eager| = {diff:.3g}" if not same else
               f"replay {best:.1f} µs, eager {eager_us:.1f} µs")
+    if ranks > 1:  # (a rank that dropped a bucket another kept would run other collectives than it)
+        on = stager.params.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        flags = torch.tensor([int(not same), int(slower)], dtype=torch.int32, device=on)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        different, slower_somewhere = (bool(f) for f in flags.tolist())
+        if (different and same) or (slower_somewhere and not slower):
+            detail += "; another rank's check dropped it"
+        same, slower = same and not different, slower_somewhere
+    dropped = REPLAY_DIFFERS if not same else (REPLAY_SLOWER if slower else None)
     return dict(equal=same, max_abs_diff=diff, replay_us=best, eager_us=eager_us, dropped=dropped,
                 detail=detail)
 

@@ -173,7 +173,8 @@ class PrefillGraphRunner:
         largest = self._graphs.get(self.buckets[-1])
         done = capture_buckets(self.forward, self.buffers, buckets, pool=self.pool,
                                static=None if largest is None else largest[1], verify=self.verify,
-                               after_stage=self.after_stage, progress=self.progress, rank0=self.is_rank0)
+                               after_stage=self.after_stage, progress=self.progress, rank0=self.is_rank0,
+                               group=self.process_group)
         self.capture_seconds += done.seconds
         self.capture_bytes += done.bytes
         self._graphs.update(done.graphs)

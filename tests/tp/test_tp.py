@@ -256,8 +256,51 @@ def _gloo_worker(rank: int, world: int, folder: str) -> None:
         except ValueError as e:
             saved["checks"][what] = f"ValueError: {e}"
 
+    saved["capture_check"] = _capture_check(rank)
+
+    def needing(views):  # a forward that names slots a batch must give, as prefill_forward(cache=) does
+        return views["input_embeds"]
+
+    needing.needs = ("out_cache_loc", "prefix_lens", "req_indices")
+    saved["needs"] = getattr(all_reduce_in_forward(needing, buffers), "needs", None)
     torch.save(saved, os.path.join(folder, f"rank{rank}.pt"))
     dist.destroy_process_group()
+
+
+def _capture_check(rank: int) -> dict:
+    """The capture check of one bucket on each rank, its replay and timers faked (no CUDA here): rank 1's replay
+    differs from its eager run, rank 0's does not."""
+    from slabstage.graph_runner import capture
+
+    class Event:
+        def __init__(self, **_):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, _):
+            return 0.001  # 1 µs: faster than the eager run
+
+    class Stager:
+        params, replays = torch.zeros(1), 0
+
+        def prepare(self, *_):
+            return None
+
+        def replay(self, _):
+            Stager.replays += 1
+
+    real, torch.cuda.Event = torch.cuda.Event, Event
+    try:
+        check = capture._check_one(Stager(), 4, None, torch.ones(4), None, torch.full((4,), float(rank == 0)),
+                                   10.0, None, dist.group.WORLD)
+    finally:
+        torch.cuda.Event = real
+    return dict(check, replays=Stager.replays)
 
 
 @pytest.fixture(scope="module")
@@ -555,3 +598,20 @@ def test_nccl_capture_log_and_progress_bar_on_rank0_only(nccl):
             assert (said[0][0] >= logging.INFO) == (rank == 0), (rank, key, said)
             bar = "slabstage capture" in record["stderr"]
             assert bar == (rank == 0 and has_tqdm), (rank, key, record["stderr"][-500:])
+
+
+def test_gloo_ranks_agree_on_the_capture_check(gloo):
+    """Under a process group every rank replays a bucket as often in the capture check and drops it when any
+    rank's check does (a rank that dropped a bucket another kept would run other collectives than it)."""
+    for rank, saved in gloo.items():
+        check = saved["capture_check"]
+        assert check["dropped"] == "replay_differs" and not check["equal"] and check["replays"] == 2, (rank, check)
+    assert "another rank" in gloo[0]["capture_check"]["detail"]
+    assert "another rank" not in gloo[1]["capture_check"]["detail"]
+
+
+def test_gloo_the_all_reduce_wrapper_keeps_the_slots_its_forward_needs(gloo):
+    """all_reduce_in_forward keeps the wrapped forward's ``needs``: the runner still refuses a batch without them
+    (else the forward would read the last batch's KV-cache slots)."""
+    for saved in gloo.values():
+        assert saved["needs"] == ("out_cache_loc", "prefix_lens", "req_indices")
