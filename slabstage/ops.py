@@ -94,11 +94,11 @@ def _call(op, mutated, *args) -> None:
                                                 for a in args if isinstance(a, torch.Tensor)))):
         op(*args)
         return
-    for t in mutated:
-        if not t.is_inference():
-            _BUMP(t)
     with _BELOW():
         op(*args)
+    for t in mutated:  # (after the call, as torch bumps them: a call the op refuses writes nothing)
+        if not t.is_inference():
+            _BUMP(t)
 
 
 def _need_ops() -> None:
@@ -121,7 +121,7 @@ def stage_embeddings_op(slab, input_ids, table, *, media=None, media_index=None,
     check_error_word(errors, slab.device)
     pad_to = input_ids.shape[0] if pad_to is None else check_int("pad_to", pad_to)
     check_choice("expand", expand, ("zeros", "repeat"))
-    if text_scale is not None:
+    if text_scale is not None and not _COMPILING():  # (traced, a scale is a symbol: the op checks its value)
         check_real("text_scale", text_scale)
     check_bool("media_owner", media_owner)
     start, end, size = vocab_bounds(vocab_range, vocab_size, table.shape[0])

@@ -54,6 +54,9 @@ class StagingError(RuntimeError):
         self.codes, self.rows, self.first_row, self.count = codes, rows, first_row, count
 
 
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+
 def default_error_word(device: torch.device) -> torch.Tensor:
     """The error word of ``device`` used when a call passes none: one per device, whatever the threads."""
     device = torch.device(device)
@@ -61,6 +64,8 @@ def default_error_word(device: torch.device) -> torch.Tensor:
         device = torch.device("cuda", torch.cuda.current_device())
     word = _DEFAULT_WORDS.get(device)
     if word is None:
+        if _compiling():  # (torch.compile traces no lock; the word is made as the trace runs)
+            return _DEFAULT_WORDS.setdefault(device, new_error_word(device))
         with _DEFAULT_WORDS_LOCK:
             word = _DEFAULT_WORDS.get(device)  # another thread may have made it meanwhile
             if word is None:

@@ -75,3 +75,41 @@ def test_stage_token_inputs_compiles_without_graph_break(device):
     assert torch.equal(got, want)
     for name in eager.registry:
         assert torch.equal(comp.registry[name], eager.registry[name]), name
+
+
+def _small(device):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(50, 48, generator=g).to(device), torch.randint(0, 50, (7,), generator=g).to(device)
+
+
+def test_the_default_error_word_is_made_inside_a_compiled_region(device, monkeypatch):
+    """errors=None in a fresh process, where the first staging on the device is compiled with fullgraph: the
+    device's default word is made as the trace runs (no lock, no graph break) and records the call's errors."""
+    from slabstage.staging import errors as E
+
+    monkeypatch.setattr(E, "_DEFAULT_WORDS", {})  # as in a fresh process: no call has staged on this device yet
+    torch._dynamo.reset()
+    table, ids = _small(device)
+
+    def step(slab, ids):
+        stage_embeddings_op(slab, ids, table, pad_to=8)  # errors=None: the device's default word
+        return slab[:8] * 1
+
+    out = torch.compile(step, backend=_backend(device), fullgraph=True)(torch.zeros(16, 48, device=device), ids + 100)
+    assert torch.equal(out, torch.zeros_like(out))  # every id out of the vocabulary: zero rows
+    assert E._DEFAULT_WORDS[torch.device(device)][1].item() == 7  # and the word holds the 7 bad rows
+
+
+def test_a_text_scale_that_changes_between_calls_compiles_without_graph_break(device):
+    torch._dynamo.reset()
+    table, ids = _small(device)
+    errors = ss.new_error_word(device)
+
+    def step(slab, ids, scale):
+        stage_embeddings_op(slab, ids, table, pad_to=8, text_scale=scale, errors=errors)
+        return slab[:7] * 1
+
+    compiled = torch.compile(step, backend=_backend(device), fullgraph=True)
+    for scale in (1.0, 2.0, 3.5):
+        out = compiled(torch.zeros(16, 48, device=device), ids, scale)
+        assert torch.equal(out, table[ids] * scale)

@@ -115,6 +115,10 @@ def test_custom_op_wrappers_bump_what_they_write(path):
         stage_embeddings_op(slab, ids2, table, errors=errors)
         stage_token_inputs_op(buf, input_ids=ids2, positions=torch.arange(7), pad_to=7)
     assert torch.equal(slab[:7], table[ids2]) and torch.equal(buf.input_ids[:7], ids2)
+    v_slab, v_err = slab._version, errors._version
+    with pytest.raises(ValueError, match="pad_to"):  # a call the op refuses writes nothing and bumps nothing
+        stage_embeddings_op(slab, ids, table, errors=errors, pad_to=4)
+    assert slab._version == v_slab and errors._version == v_err
 
 
 @pytest.mark.skipif(not HAS_CUSTOM_OPS, reason="needs torch.library.custom_op")
