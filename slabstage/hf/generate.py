@@ -217,6 +217,10 @@ class Generator:
         for name, value in (("max_running", max_running), ("max_context", max_context),
                             ("token_budget", token_budget)):
             _check_int(name, value)
+        taken = sorted({"buckets", "enforce_eager"} & set(runner_options or ()))
+        if taken:
+            raise ValueError(f"slabstage.hf.generate: runner_options sets {taken[0]!r}, which generate sets itself: "
+                             f"pass buckets= (prefill buckets) or graphs= instead")
         lm_param = next(fam.language_model.parameters())
         self.model, self.fam, self.budget, self.max_running = model, fam, token_budget, max_running
         self.device, self.dtype = lm_param.device, lm_param.dtype

@@ -125,6 +125,9 @@ def test_bad_arguments_are_refused():
     bad = sshf.Request(good.input_ids, good.media, image_grid_thw=torch.tensor([[1, 4, 4]]))  # the grid is (1, 4, 6)
     with pytest.raises(ValueError, match="request 1"):
         sshf.generate(vlm, [good, bad])
+    for option in ("buckets", "enforce_eager"):
+        with pytest.raises(ValueError, match=f"runner_options sets '{option}'"):
+            sshf.generate(model, [req], runner_options={option: [16] if option == "buckets" else True})
 
 
 def test_decode_buckets():
