@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from itertools import accumulate
+from operator import add, is_, le
 
 import torch
 
@@ -103,15 +104,35 @@ class EncoderCache:
             cols += t.shape[1]
         if cols > self.width:
             raise ValueError(f"value is {cols} columns wide; the cache's rows are {self.width}")
+        blocks = tuple(self._source(t, "value" if len(blocks) == 1 else f"value block {j}")
+                       for j, t in enumerate(blocks))
         entry = self._place(key, blocks[0].shape[0])
         view = self._view(entry.slot)
         at = 0
-        for t in blocks:
-            view[:, at:at + t.shape[1]].copy_(t.detach(), non_blocking=True)  # (the arena records no autograd)
-            at += t.shape[1]
-        if at < self.width:
-            view[:, at:].zero_()
+        try:
+            for t in blocks:
+                view[:, at:at + t.shape[1]].copy_(t, non_blocking=True)
+                at += t.shape[1]
+            if at < self.width:
+                view[:, at:].zero_()
+        except BaseException:  # (no entry of rows never written stays under the key)
+            self._drop(entry.slot)
+            raise
         return entry
+
+    def _source(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        """A block ``put`` copies in: detached (the arena records no autograd), on the cache's device or the host,
+        and a copy of its own where it lies in the cache's rows (the entry it is put as may take them)."""
+        if t.device != self.device and t.device.type != "cpu":
+            raise ValueError(f"{name} is on {t.device}; the cache's rows are on {self.device} (a host tensor is "
+                             f"copied in)")
+        t = t.detach()
+        if t.numel():
+            lo = t.data_ptr()
+            hi = lo + ((t.shape[0] - 1) * t.stride(0) + (t.shape[1] - 1) * t.stride(1) + 1) * t.element_size()
+            if any(lo < b + a.shape[0] * self.row_bytes and b < hi for b, a in zip(self.bases, self.arenas)):
+                t = t.clone()
+        return t
 
     def reserve(self, key, rows: int) -> torch.Tensor:
         """A writable ``[rows, width]`` view of a new entry under ``key`` (an encoder writes its output in place,
@@ -198,6 +219,28 @@ class EncoderCache:
         if slot is not None:
             self._drop(slot)
 
+    def _check_handles(self, entries, slots, gens, firsts, rows) -> None:
+        """Each of ``entries`` (their fields: ``slots`` ...) names rows of a live entry of this cache:
+        :class:`StaleEntryError` for the first whose entry went, ``ValueError`` for one no call of this cache made
+        (a slot it does not have, rows past its entry's: an edited handle; :meth:`Entry.part` makes parts)."""
+        try:  # (all at once; one by one only to name the handle that fails)
+            if (min(slots) >= 0 and list(map(self.gens.__getitem__, slots)) == list(gens) and min(firsts) >= 0
+                    and min(rows) >= 0 and type(sum(firsts) + sum(rows)) is int
+                    and all(map(le, map(add, firsts, rows), map(self.lens.__getitem__, slots)))):
+                return
+        except (TypeError, IndexError):
+            pass
+        for i, e in enumerate(entries):
+            slot, first, rows = e.slot, e.first, e.rows
+            if not (type(slot) is int and 0 <= slot < len(self.gens)):
+                raise ValueError(f"media item {i} is not a handle this EncoderCache made (slot {slot!r})")
+            if self.gens[slot] != e.gen:
+                self._check_live(e)
+            if not (type(first) is int and type(rows) is int and first >= 0 and rows >= 0
+                    and first + rows <= self.lens[slot]):
+                raise ValueError(f"media item {i} names rows [{first!r}, {first!r} + {rows!r}) of an entry of "
+                                 f"{self.lens[slot]} rows: take handles from put/get and parts from Entry.part")
+
     # -- staging ---------------------------------------------------------------------------
     def locate(self, entries) -> tuple:
         """``(starts, fields, rows, slots)`` of handles ``entries`` for the parameter record's item list: each
@@ -207,8 +250,12 @@ class EncoderCache:
         if caches.count(self) != len(caches):
             i = next(i for i, c in enumerate(caches) if c is not self)
             raise ValueError(f"media item {i} is an entry of another EncoderCache: a batch's entries come from one")
-        if list(map(self.gens.__getitem__, slots)) != list(gens):
-            self._check_live(entries[next(i for i, (s, g) in enumerate(zip(slots, gens)) if self.gens[s] != g)])
+        try:
+            whole = list(map(self.handles.__getitem__, slots))  # (the handle put/get hand out for each slot now)
+        except (TypeError, IndexError):
+            whole = None
+        if whole is None or not all(map(is_, entries, whole)):  # parts of entries, or stale or edited handles
+            self._check_handles(entries, slots, gens, firsts, rows)
         if self._written:
             self._after_writes(slots)
         n, addrs = len(slots), list(map(self.addrs.__getitem__, slots))

@@ -166,6 +166,42 @@ def test_media_mixing_and_other_cache_refused():
     assert slab.isnan().all()
 
 
+def test_a_put_refused_or_of_the_caches_own_rows_leaves_every_entry_right():
+    """A value on another device is refused before anything is evicted; a value that lies in the cache's own
+    rows (a part of another entry) is copied out first, so the entry it is put as cannot take its rows under it."""
+    cache = EncoderCache(2, F32, "cpu", 6 * 8)
+    a = cache.put("a", torch.arange(8.0).view(4, 2))
+    cache.put("b", torch.ones(2, 2))
+    arena = cache.arena.clone()
+    with pytest.raises(ValueError, match="value is on meta"):
+        cache.put("c", torch.empty(2, 2, device="meta"))
+    with pytest.raises(ValueError, match="value block 1 is on meta"):
+        cache.put("c", (torch.ones(2, 1), torch.empty(2, 1, device="meta")))
+    assert "a" in cache and "b" in cache and "c" not in cache and torch.equal(cache.arena, arena)
+    cache.get("b")  # "a" is the least recently used: the next put evicts it and takes its rows
+    c = cache.put("c", cache.rows_of(a)[1:])
+    assert "a" not in cache and torch.equal(cache.rows_of(c), torch.arange(2.0, 8.0).view(3, 2))
+
+
+def test_an_edited_handle_is_refused_before_anything_is_read():
+    """Entry is a NamedTuple: a handle edited past its entry's rows, to a slot the cache does not have, or with
+    rows that are not ints is refused naming the item (the kernel would read past the entry, or the arena)."""
+    g = gen(31)
+    cache = cache_for(8, F32, "cpu", rows=4)
+    e = cache.put("a", randn(g, 2, 8))
+    slab = poisoned(4, 8, F32, "cpu")
+    ids, table = torch.zeros(4, dtype=torch.int64), randn(g, 1, 8)
+    for bad, match in ((e._replace(first=1, rows=2), r"media item 1 names rows \[1, 1 \+ 2\) of an entry of 2"),
+                       (e._replace(rows=3), "rows"), (e._replace(first=-1), "rows"),
+                       (e._replace(slot=99), "slot 99"), (e._replace(slot=-1), "slot -1"),
+                       (e._replace(rows=1.5), "rows"), (e._replace(slot=1.0), "slot 1.0")):
+        with pytest.raises(ValueError, match=match):
+            stage(slab, ids, table, media=[e, bad], media_index=torch.arange(4) % 2)
+        assert slab.isnan().all()
+    stage(slab, ids, table, media=[e.part(0, 1), e.part(1, 2)], media_index=torch.tensor([0, 1, -1, 0]))
+    assert torch.equal(slab[:2], cache.rows_of(e)) and torch.equal(slab[3], cache.rows_of(e)[0])
+
+
 def test_held_entries_stay_until_released():
     """hold() keeps an entry from eviction and demotion by puts (holds count; evict and a put under its key still
     replace it); a put that cannot fit beside the held entries raises before it evicts anything."""
