@@ -152,7 +152,7 @@ class EncoderCache:
         if slot is None:
             return None
         n = self.lens[slot]
-        if rows is not None and rows != n:
+        if rows is not None and (rows != n or type(rows) is not int):
             check_int("EncoderCache.get: rows", rows, lo=0)  # (a bool, a float, a tensor: named as such)
             raise ValueError(f"the cache entry of key {key!r} holds {n} rows but {rows} were expected: "
                              f"the item's placeholders and its encoder output disagree")

@@ -38,6 +38,8 @@ def as_prompt_ids(input_ids, where: str, name: str = "input_ids") -> torch.Tenso
                          f"(give each prompt as its own request)")
     if not shape[-1]:
         raise ValueError(f"{where} {name} is empty")
+    if input_ids.is_meta:
+        raise ValueError(f"{where} {name} is a meta tensor: it holds no ids")
     if len(shape) == 2:
         input_ids = input_ids[0]
     # (a host int64 prompt, the usual one, as it is: each torch call costs the host a microsecond)

@@ -239,6 +239,9 @@ def _cache_slots(requests: list, chunks: list, cache) -> tuple:
     one, the slots of the cache's default layout (``req_to_token`` holds it from ``allocate``: nothing is
     written)."""
     rows = [k if req.req_index is None else req.req_index for k, req in enumerate(requests)]
+    for k, req in enumerate(requests):
+        if req.req_index is not None:  # (an int32 slot: a row of the cache's req_to_token)
+            check_int(f"slabstage.hf.pack_requests: request {k}: req_index", req.req_index, lo=0, hi=2**31 - 1)
     if cache is None:
         return torch.zeros(len(rows), dtype=torch.int32), torch.tensor(rows, dtype=torch.int32), None
     from .kv_cache import KVCache

@@ -43,3 +43,15 @@ def test_overflow_refused_before_any_write(call, exc, match, device):
 def test_unclear_span_errors(spans, exc, match, device):
     with pytest.raises(exc, match=match):
         media_index_from_spans(spans, 8, device=device)
+
+
+def test_an_error_word_over_the_mask_is_refused(device):
+    """The error word the mask kernel writes may not share memory with the mask it reads (nothing is written)."""
+    memory = torch.zeros(32, dtype=torch.int32, device=device)
+    word = memory[:4]
+    mask = memory.view(torch.bool)[:12]  # the word's first bytes, read as a mask
+    mask[::3] = True
+    before = memory.clone()
+    with pytest.raises(ValueError, match="is_media overlaps errors"):
+        media_index_from_mask(mask, 4, errors=word)
+    assert torch.equal(memory, before)

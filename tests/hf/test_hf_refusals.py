@@ -122,6 +122,19 @@ def test_ids_that_are_not_integers_are_refused(models):
     assert sshf.pack_requests(model, [sshf.Request(torch.tensor([3, 1], dtype=torch.int32))]).num_tokens == 2
 
 
+def test_meta_ids_and_bad_request_rows_are_refused_naming_them(models):
+    """A meta tensor of ids, and a ``req_index`` that is not an int row of an int32 slot (with or without a KV
+    cache), are refused naming the request and the argument."""
+    model = models("llama")
+    ids = torch.tensor([3, 1, 4])
+    with pytest.raises(ValueError, match="request 0: input_ids is a meta tensor"):
+        sshf.pack_requests(model, [sshf.Request(ids.to("meta"))])
+    for bad in (-1, True, 1.5, "0", 2**70):
+        with pytest.raises(ValueError, match="request 1: req_index must be an int"):
+            sshf.pack_requests(model, [sshf.Request(ids), sshf.Request(ids, req_index=bad)])
+    assert sshf.pack_requests(model, [sshf.Request(ids, req_index=3)]).req_indices.tolist() == [3]
+
+
 def test_media_for_a_text_only_model_are_refused(models):
     vlm, llama = models("qwen2_vl"), models("llama")
     ids, pv, grid = tiny_prompt(vlm, [(1, 4, 6)])
