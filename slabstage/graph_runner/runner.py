@@ -238,8 +238,9 @@ class PrefillGraphRunner:
         The outputs are the first ``n`` rows of static graph memory: the next
         ``run`` overwrites them. Pass ``clone=True`` (or copy them) to keep them.
         On the graph path, runs of the same ``n`` return the very same tensor views
-        (a slice costs more host time than the replay launch); a dict or list output
-        is a new container each time. ``last_bucket`` and ``last_fallback`` say how it
+        (a slice costs more host time than the replay launch: do not change their shape
+        in place, ``unsqueeze_`` or ``t_``, which later runs would return); a dict or
+        list output is a new container each time. ``last_bucket`` and ``last_fallback`` say how it
         ran. Every check happens before anything is written; a bad batch leaves the
         buffers as they were. No host synchronisation on the graph path. An eager run
         captured in a graph of the caller's stages from a parameter record of its own:
@@ -298,7 +299,30 @@ class PrefillGraphRunner:
             return first_rows(out, n, clone)
         out = first_rows(out, n, True)  # (the capture's warm-up may write where the forward's outputs live)
         need = self.buckets[bisect.bisect_left(self.buckets, n)]
-        self._capture_buckets(sorted({self.buckets[-1], need} & self._pending, reverse=True))
+        largest = self.buckets[-1]
+        try:
+            self._capture_buckets(sorted({largest, need} & self._pending, reverse=True))
+        except CaptureError as e:  # that bucket runs eagerly from now on, every bucket if the largest failed (the
+            # others write into its outputs), as a failed capture() leaves the runner: raised once under
+            # verify="strict", else logged once
+            failed = {need}
+            if largest not in self._graphs:  # (a failed capture keeps none of its graphs: the largest again, alone)
+                alone = need != largest
+                if alone:
+                    try:
+                        self._capture_buckets([largest])
+                    except CaptureError:
+                        alone = False
+                if not alone:
+                    failed = set(self._pending)
+            self._pending.difference_update(failed)
+            self._dropped.update(dict.fromkeys(failed, NOT_CAPTURED))
+            self._routes()
+            if self.verify == "strict":
+                raise
+            (log.warning if self.is_rank0 else log.debug)(
+                "slabstage: capture(lazy=True): %s; the %s run eagerly", e,
+                "buckets" if len(failed) > 1 else f"{need}-token bucket's batches")
         return out
 
     def _stage(self, stager: Stager, batch: PrefillBatch, pad_to: int, launch: bool) -> None:
