@@ -389,18 +389,15 @@ class Generator:
                     running.append(seq)
                 prefill = [s for s in running if s.done < s.length]
                 picked = self._prefill(prefill) if prefill else self._decode(running)
-                for seq in [s for s in prefill if s.done == s.length and s.index in held]:
-                    for entry in held.pop(seq.index):
-                        self.encoder_cache.release(entry)
+                done = [s.index for s in prefill if s.done == s.length and s.index in held]
+                self._release({i: held.pop(i) for i in done})
                 for seq, token in picked:
                     seq.new.append(token)
                     if token in eos or len(seq.new) >= max_new_tokens:
                         running.remove(seq)
                         free.append(seq.row)
         finally:
-            for entries in held.values():
-                for entry in entries:
-                    self.encoder_cache.release(entry)
+            self._release(held)
         for seq in seqs:  # (the entries of items given as tensors, unnamed, were this call's)
             req = seq.request
             if seq.keys and req.media_keys is None and req.pixel_values is None and req.pixel_values_videos is None:
@@ -424,11 +421,14 @@ class Generator:
                                 from None
                         held.setdefault(seq.index, []).append(item)
         except BaseException:
-            for entries in held.values():
-                for entry in entries:
-                    cache.release(entry)
+            self._release(held)
             raise
         return held
+
+    def _release(self, held: dict) -> None:
+        for entries in held.values():
+            for entry in entries:
+                self.encoder_cache.release(entry)
 
     def _sample(self, hidden: torch.Tensor) -> list:
         """Greedy ids of ``hidden`` (the rows to sample, one a request): the LM head on them; one read back."""
@@ -449,7 +449,7 @@ class Generator:
             chunks = chunks[:1]
             media = self._media(chunks)
         if media is None:  # its items fit the budget but not the free runs between entries: the cache starts over
-            self.encoder_cache.evict_unheld()  # (but for the entries requests give, held for the call)
+            self.encoder_cache.evict_unheld()  # (but for the entries requests give, held until they are prefilled)
             media = self._media(chunks)
         if media is None:  # nor all of the chunk's items: the chunk stops before the second item it reads
             seq, a, b = chunks[0]
