@@ -303,14 +303,14 @@ class EncoderCache:
         if rows > self.arena.shape[0]:
             raise CacheFullError(f"an entry of {rows} rows exceeds the cache's device budget of "
                                  f"{self.arena.shape[0]} rows ({self.row_bytes} bytes a row)")
-        if self._held and rows > self._widest(DEVICE):
+        old = self._slot_of.get(key)  # (replaced: its rows count as free, held or not)
+        if self._held and rows > self._widest(DEVICE, old):
             raise CacheFullError(f"an entry of {rows} rows: the cache's device rows beside the entries kept by "
-                                 f"hold() have no run that long ({self._widest(DEVICE)} rows at most)")
+                                 f"hold() have no run that long ({self._widest(DEVICE, old)} rows at most)")
         if self.reads.cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("EncoderCache: a put or reserve while the current stream captures a graph (every replay "
                                "would write the rows this capture chose, whatever the cache holds there by then): put "
                                "outside the capture; the runner's graphs stage entries put before each run()")
-        old = self._slot_of.get(key)
         if old is not None:
             self._drop(old)
         at = self._room(DEVICE, rows)
@@ -362,9 +362,10 @@ class EncoderCache:
                 if getattr(e, "on", None) != here:
                     stream.wait_event(e)
 
-    def _widest(self, tier: int) -> int:
-        """The longest run of ``tier``'s rows that no held entry lies in: what evicting every other entry frees."""
-        spans = sorted((self.ats[s], self.lens[s]) for s in self._held if self.tiers[s] == tier)
+    def _widest(self, tier: int, but=None) -> int:
+        """The longest run of ``tier``'s rows that no held entry (but slot ``but``) lies in: what evicting every
+        other entry frees."""
+        spans = sorted((self.ats[s], self.lens[s]) for s in self._held if self.tiers[s] == tier and s != but)
         widest, end = 0, 0
         for at, rows in spans:
             widest, end = max(widest, at - end), max(end, at + rows)

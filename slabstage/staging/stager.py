@@ -319,7 +319,10 @@ class Stager:
         """Move the prepared parameter record into the device one and queue the kernel for ``pad_to`` rows; on the
         reference path stage ``c`` in PyTorch."""
         if not self.triton:
-            stage_reference(self.dst, c)
+            stage_reference(self.dst, c)  # (queued on the current stream: on CUDA without Triton, it reads entries)
+            reads, self._reads = self._reads, None
+            if reads is not None:
+                reads[0].reads.note(reads[1])
             return
         grid = self._grid(pad_to)
         if not grid:

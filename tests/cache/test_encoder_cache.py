@@ -224,6 +224,11 @@ def test_held_entries_stay_until_released():
     assert torch.equal(cache.rows_of(cache.get("f")), torch.full((6, 4), 6.0))
     g = cache.put("g", torch.full((2, 4), 7.0))
     cache.hold(g)
+    whole = EncoderCache(4, F32, "cpu", 10 * 16)
+    held = whole.put("k", torch.ones(8, 4))
+    whole.hold(held)
+    again = whole.put("k", torch.full((8, 4), 2.0))  # a put under a held entry's key replaces it
+    assert torch.equal(whole.rows_of(again), torch.full((8, 4), 2.0)) and not whole._held
     cache.evict_unheld()
     assert [k for k in ("a", "b", "c", "e", "f", "g") if k in cache] == ["g"]
     cache.evict("g")  # evict drops a held entry; its hold goes with it

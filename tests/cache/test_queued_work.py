@@ -144,3 +144,21 @@ def test_random_puts_reads_and_evictions_on_two_streams(sim, seed):
     for key, want in truth.items():
         if key in cache:
             assert torch.equal(cache.rows_of(cache.get(key)), want)
+
+
+def test_the_reference_path_notes_the_entries_it_reads(sim, monkeypatch):
+    """Staging through the PyTorch reference (CUDA without Triton) queues its reads on the current stream too: the
+    entries it reads are noted, so a put that takes their rows orders itself after them."""
+    from slabstage import stage_embeddings
+    from slabstage.staging import op_stagers, stager
+
+    monkeypatch.setattr(stager, "use_triton", lambda device: False)
+    op_stagers.clear()
+    cache = cuda_like(rows=4, host_rows=0)
+    e = cache.put("a", value(2, 1))
+    sim["A"].run()
+    slab = torch.zeros(4, 4)
+    stage_embeddings(slab, torch.zeros(4, dtype=torch.int64), torch.zeros(1, 4), media=[e],
+                     media_index=torch.tensor([0, 1, -1, -1]))
+    assert cache.reads.events[e.slot] and torch.equal(slab[:2], value(2, 1))
+    op_stagers.clear()
