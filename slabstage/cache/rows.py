@@ -62,7 +62,7 @@ class Rows:
             last = merged[-1] if merged else None
             if last is not None and last[0] + last[1] == run[0]:
                 last[1] += run[1]
-                last[2] = _live(last[2]) + _live(run[2])
+                last[2] = list({id(e): e for e in _live(last[2]) + _live(run[2])}.values())  # (one mark's event once)
             else:
                 merged.append(run)
         self.free = merged
