@@ -13,7 +13,7 @@ from operator import add, is_, le
 
 import torch
 
-from ..checks import FLOAT_DTYPES, check_int, check_tensor
+from ..checks import FLOAT_DTYPES, byte_span, check_int, check_tensor
 from ..entry import Entry
 from .reads import Reads
 from .rows import Rows
@@ -128,9 +128,8 @@ class EncoderCache:
                              f"copied in)")
         t = t.detach()
         if t.numel():
-            lo = t.data_ptr()
-            hi = lo + ((t.shape[0] - 1) * t.stride(0) + (t.shape[1] - 1) * t.stride(1) + 1) * t.element_size()
-            if any(lo < b + a.shape[0] * self.row_bytes and b < hi for b, a in zip(self.bases, self.arenas)):
+            lo, hi = byte_span(t)
+            if any(lo < high and low < hi for low, high in zip(self.span_lows, self.span_highs)):
                 t = t.clone()
         return t
 

@@ -34,6 +34,11 @@ class _Mark:
         return self.recorded is not None and self.recorded.query()
 
 
+def _recorded(events) -> list:
+    """``events`` as events: each mark recorded (once) after the launches filed under it."""
+    return [e.event() if type(e) is _Mark else e for e in events]
+
+
 class Reads:
     """Per entry slot, what queued work reads it (a list per slot; one stream at a time keeps only the last:
     work on one stream completes in order)."""
@@ -85,9 +90,9 @@ class Reads:
     def take(self, slot: int) -> list:
         """The events of ``slot``'s readers (the slot is being freed or rewritten): they travel with its rows."""
         events, self.events[slot] = self.events[slot], []
-        return [e.event() if type(e) is _Mark else e for e in events]
+        return _recorded(events)
 
     def pending(self, slot: int) -> list:
         """The events of ``slot``'s users not yet done, which stay filed (work that must run before its rows
         are read elsewhere)."""
-        return [e for e in (m.event() if type(m) is _Mark else m for m in self.events[slot]) if not e.query()]
+        return [e for e in _recorded(self.events[slot]) if not e.query()]

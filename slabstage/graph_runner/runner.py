@@ -184,6 +184,14 @@ class PrefillGraphRunner:
         self._pending.difference_update(done.graphs)
         self._routes()
 
+    def _captured(self, buckets: list) -> bool:
+        """:meth:`_capture_buckets`, False where it raised :class:`CaptureError`."""
+        try:
+            self._capture_buckets(buckets)
+        except CaptureError:
+            return False
+        return True
+
     def reset(self) -> None:
         """Drop the graphs and unfreeze the registry (slots may then be replaced)."""
         self._graphs.clear()
@@ -305,16 +313,9 @@ class PrefillGraphRunner:
         except CaptureError as e:  # that bucket runs eagerly from now on, every bucket if the largest failed (the
             # others write into its outputs), as a failed capture() leaves the runner: raised once under
             # verify="strict", else logged once
-            failed = {need}
-            if largest not in self._graphs:  # (a failed capture keeps none of its graphs: the largest again, alone)
-                alone = need != largest
-                if alone:
-                    try:
-                        self._capture_buckets([largest])
-                    except CaptureError:
-                        alone = False
-                if not alone:
-                    failed = set(self._pending)
+            failed = {need}  # (a failed capture keeps none of its graphs: the largest again, alone)
+            if largest not in self._graphs and (need == largest or not self._captured([largest])):
+                failed = set(self._pending)
             self._pending.difference_update(failed)
             self._dropped.update(dict.fromkeys(failed, NOT_CAPTURED))
             self._routes()

@@ -309,20 +309,19 @@ class Stager:
         self._reads = reads
         return c
 
-    def _note_reads(self) -> None:
-        """The launch or replay just queued reads the prepared batch's cache entries: tell their cache."""
+    def _note_reads(self, where=True) -> None:
+        """The launch or replay just queued reads the prepared batch's cache entries: tell their cache. ``where``:
+        the stream it was queued on (default: the one ``_order`` found, no CUDA call; None: the current one)."""
         reads, self._reads = self._reads, None
         if reads is not None:
-            reads[0].reads.note(reads[1], stream=self._where)  # (the stream _order just found: no CUDA call)
+            reads[0].reads.note(reads[1], stream=self._where if where is True else where)
 
     def launch(self, c: Checked, pad_to: int) -> None:
         """Move the prepared parameter record into the device one and queue the kernel for ``pad_to`` rows; on the
         reference path stage ``c`` in PyTorch."""
         if not self.triton:
             stage_reference(self.dst, c)  # (queued on the current stream: on CUDA without Triton, it reads entries)
-            reads, self._reads = self._reads, None
-            if reads is not None:
-                reads[0].reads.note(reads[1])
+            self._note_reads(None)
             return
         grid = self._grid(pad_to)
         if not grid:
