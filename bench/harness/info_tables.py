@@ -25,7 +25,8 @@ def info_tables(data: dict) -> tuple[list[str], set[str]]:
         lines += capture
         covered.add("capture")
     infos = [b.get("extra_info") or {} for b in data.get("benchmarks", [])]
-    for metric, table in (("replay", _replay_lines), ("figures", _figures_lines), ("ab", _ab_lines)):
+    for metric, table in (("replay", _replay_lines), ("figures", _figures_lines), ("first_call", _figures_lines),
+                          ("ab", _ab_lines)):
         found = table([i for i in infos if i.get("metric") == metric])
         if found:
             lines += found
@@ -37,9 +38,9 @@ def _figures_lines(infos: list[dict]) -> list[str]:
     """Per benchmark, its scalar figures (a worker's or a whole comparison's, its timing being wall time)."""
     out = []
     for i in infos:
-        out += [f"## {i.get('impl')}", "", "| figure | value |", "| --- | ---: |"]
+        out += [f"## {i.get('impl') or i.get('case')}", "", "| figure | value |", "| --- | ---: |"]
         for key, value in i.items():
-            if key not in ("suite", "metric", "impl") and isinstance(value, (int, float, str, bool)):
+            if key not in ("suite", "metric", "impl", "case") and isinstance(value, (int, float, str, bool)):
                 out.append(f"| {key} | {round(value, 3) if isinstance(value, float) else value} |")
         out.append("")
     return out

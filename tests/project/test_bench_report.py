@@ -36,6 +36,21 @@ def test_capture_is_shown_as_seconds_a_bucket_not_as_a_subprocess_wall_time():
     assert "| test_capture |" not in text  # the benchmark's own timing is the capture subprocess's wall time
 
 
+def test_rows_named_by_their_case_are_told_apart_by_tokens_or_by_test_and_sides_are_columns():
+    def bench(name, param, metric, case, side, tokens, median):
+        return {"name": f"{name}[{param}]", "param": param, "stats": {"median": median},
+                "extra_info": {"metric": metric, "case": case, "path": side, "tokens": tokens}}
+    data = _doc([bench("test_pack_host", "a-layout", "host", "qwen 4x2", "layout", 4080, 1e-4),
+                 bench("test_pack_host", "a-rope", "host", "qwen 4x2", "rope_index", 4080, 2e-3),
+                 bench("test_pack_run_host", "a-layout", "host", "qwen 4x2", "layout", 4080, 5e-4),
+                 bench("test_step", "64", "wall", "step", "replay", 64, 1e-3),
+                 bench("test_step", "256", "wall", "step", "replay", 256, 2e-3)])
+    text = markdown("mrope", data)
+    assert "| qwen 4x2 (test_pack_host) | 100.0 µs | 2,000 µs |" in text  # two sides of one case: one row
+    assert "| qwen 4x2 (test_pack_run_host) | 500.0 µs | – |" in text  # the same case in another test: its own
+    assert "| step, 64 tokens | 1,000 µs |" in text and "| step, 256 tokens | 2,000 µs |" in text
+
+
 def _replay_case(impl: str) -> dict:
     """The extra_info of one bench_replay.py case, as its worker and test fill it (figures made up)."""
     def profile(kernel_us, kernels):
