@@ -35,13 +35,11 @@ def load_rows(data: dict) -> list[Row]:
     """One :class:`Row` per benchmark of a pytest-benchmark JSON document."""
     rows = []
     tests = {}  # param -> the tests that take it: a param two tests share is named with its test
-    cases: dict = {}  # (metric, case) -> (test, side, tokens) of each benchmark of it: a shared case is told apart
+    cases: dict = {}  # (metric, case) -> (test, side) of each benchmark of it: a shared case is told apart
     for b in data.get("benchmarks", []):
         tests.setdefault(b.get("param"), set()).add(str(b.get("name")).split("[")[0])
         info = b.get("extra_info") or {}
-        side = info.get("impl") or info.get("path") or info.get("mrope") or b.get("param")
-        cases.setdefault((info.get("metric"), info.get("case")), []).append(
-            (str(b.get("name")).split("[")[0], side, info.get("tokens")))
+        cases.setdefault((info.get("metric"), info.get("case")), []).append((_test(b), _side(info, b)))
     for b in data.get("benchmarks", []):
         info = b.get("extra_info") or {}
         median = (b.get("stats") or {}).get("median")
@@ -49,7 +47,7 @@ def load_rows(data: dict) -> list[Row]:
             continue
         rows.append(Row(
             metric=str(info.get("metric", "time")),
-            impl=str(info.get("impl") or info.get("path") or info.get("mrope") or b.get("param") or b.get("name")),
+            impl=str(_side(info, b) or b.get("name")),
             shape=str(info.get("shape") or _case(info, b, cases)
                       or (b.get("param") if len(tests[b.get("param")]) < 2 else None) or b.get("name")),
             tokens=info.get("tokens"),
@@ -61,17 +59,24 @@ def load_rows(data: dict) -> list[Row]:
     return rows
 
 
+def _test(b: dict) -> str:
+    return str(b.get("name")).split("[")[0]
+
+
+def _side(info: dict, b: dict):
+    """What a benchmark's column is: its ``impl``, else the ``path`` or ``mrope`` it takes, else its param."""
+    return info.get("impl") or info.get("path") or info.get("mrope") or b.get("param")
+
+
 def _case(info: dict, b: dict, cases: dict) -> str | None:
     """A benchmark's ``case`` as its row: with its test's name where tests share the case, and with its token
-    count where one test's benchmarks of that case and side differ in it."""
+    count where one test has several benchmarks of that case and side."""
     case = info.get("case")
     if case is None:
         return None
-    test = str(b.get("name")).split("[")[0]
-    side = info.get("impl") or info.get("path") or info.get("mrope") or b.get("param")
     same = cases[(info.get("metric"), case)]
-    row = case if len({t for t, _, _ in same}) < 2 else f"{case} ({test})"
-    if len([1 for t, s, _ in same if (t, s) == (test, side)]) > 1:
+    row = case if len({t for t, _ in same}) < 2 else f"{case} ({_test(b)})"
+    if same.count((_test(b), _side(info, b))) > 1:
         row += f", {info.get('tokens')} tokens"
     return row
 
