@@ -57,7 +57,7 @@ def pytest_addoption(parser):
     group.addoption("--bench-host-rounds", type=int, default=1000, help="timed calls per host-time benchmark")
     group.addoption("--bench-flush-mib", type=int, default=256,
                     help="scratch written between rounds to flush L2 (0: no flush)")
-    group.addoption("--bench-head-start-us", type=float, default=500.0,
+    group.addoption("--bench-head-start-us", type=float, default=2000.0,
                     help="device sleep queued before each timed round so that host launch gaps stay "
                          "out of device time (0: none)")
 
@@ -204,7 +204,7 @@ def between_rounds(request):
     if not HAS_CUDA:
         return lambda: None
     return BetweenRounds(_opt(request.config, "--bench-flush-mib", 256),
-                         _opt(request.config, "--bench-head-start-us", 500.0))
+                         _opt(request.config, "--bench-head-start-us", 2000.0))
 
 
 # -- the copy ceiling ----------------------------------------------------------------
