@@ -16,7 +16,8 @@ import torch
 
 __all__ = ["check_values", "vocab_bounds", "FLOAT_DTYPES", "NotAnIntError", "NotARealError", "INT_DTYPES", "INT32_MAX",
            "check_bool", "check_not_meta", "check_choice", "check_fill", "check_int", "check_real", "check_float32",
-           "check_tensor", "overlap_message", "byte_span", "extent", "dtype_holds", "is_int", "is_real"]
+           "check_tensor", "overlap_message", "tensors_overlap", "byte_span", "extent", "dtype_holds", "is_int",
+           "is_real"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
@@ -167,6 +168,15 @@ def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last) bytes of storage that ``t`` can touch."""
     start = t.data_ptr()
     return start, start + extent(t.shape, t.stride()) * t.element_size()
+
+
+def tensors_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` (on one device, neither empty) can touch a byte in common."""
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    a0, a1 = byte_span(a)
+    b0, b1 = byte_span(b)
+    return a0 < b1 and b0 < a1
 
 
 def overlap_message(src_name: str, dst_name: str) -> str:

@@ -11,7 +11,8 @@ from itertools import repeat
 
 import torch
 
-from ..checks import FLOAT_DTYPES, INT_DTYPES, byte_span, check_fill, check_tensor, overlap_message
+from ..checks import (FLOAT_DTYPES, INT_DTYPES, byte_span, check_fill, check_tensor, overlap_message,
+                      tensors_overlap)
 from .slots import COUNT, REQUESTS, ROWS, SLOTS, SOURCE_SLOTS
 from .errors import check_error_word
 
@@ -71,7 +72,7 @@ class Destinations:
         self.capacity = min(rows) if rows else 0
         for k, (a, t) in enumerate(named):  # destinations that share storage would overwrite each other
             for b, u in named[k + 1:]:
-                if _touch(t, u):
+                if tensors_overlap(t, u):
                     raise ValueError(overlap_message(b, a))
         self._spans([(*byte_span(t), name) for name, t in named if t.numel()])
         self.host = host_ok and device.type == "cuda"  # host integer inputs travel in the parameter record
@@ -135,11 +136,3 @@ class Destinations:
         if list(map(bisect_left, repeat(self._starts), highs)) != list(map(bisect_right, repeat(self._ends), lows)):
             for name, start, end in spans():
                 self.clear_of(name, start, end)
-
-
-def _touch(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device != b.device or not a.numel() or not b.numel():
-        return False
-    a0, a1 = byte_span(a)
-    b0, b1 = byte_span(b)
-    return a0 < b1 and b0 < a1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..checks import INT32_MAX, byte_span, check_int, is_int, overlap_message
+from ..checks import INT32_MAX, check_int, is_int, overlap_message, tensors_overlap
 from ..kernels.layout import MEDIA_COUNT_MISMATCH
 from ..kernels.media_index import media_index_from_counts_kernel
 from .launch import launch_context, use_triton
@@ -141,10 +141,8 @@ def media_index_from_mask(is_media: torch.Tensor, num_media_rows: int, *, src_st
                          f"past int32 (media_index is int32: at most {INT32_MAX})")
     errors = default_error_word(is_media.device) if errors is None else errors
     check_error_word(errors, is_media.device, "is_media")
-    if n:
-        (a, b), (c, d) = byte_span(is_media), byte_span(errors)
-        if a < d and c < b:
-            raise ValueError(overlap_message("is_media", "errors"))
+    if tensors_overlap(is_media, errors):
+        raise ValueError(overlap_message("is_media", "errors"))
     if not use_triton(is_media.device) or n == 0 or (n > 1 and is_media.stride(0) != 1):
         return media_index_from_mask_reference(is_media, num_media_rows, errors, src_start)
     counts = torch.cumsum(is_media, 0, dtype=torch.int32)
