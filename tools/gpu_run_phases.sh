@@ -41,6 +41,7 @@ for phase in "$@"; do
     quick) run quick python3 -m pytest tests/runner/test_graph_runner.py tests/ops/test_stage_batch.py \
              tests/runner/test_profile_ranges.py -q -p no:cacheprovider -rfEs ;;
     probe_mem) run probe_mem python3 tools/probe_capture_memory.py --json "$LOG/probe_mem.json" ;;
+    probe_launch) run probe_launch python3 tools/probe_graph_launch.py --json "$LOG/probe_launch.json" ;;
     *) summary+=("$phase: unknown phase") ;;
   esac
 done

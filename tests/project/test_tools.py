@@ -30,6 +30,7 @@ CHECKS = {
     "compile_stage_kernel.py": "tests/ops/test_stage_kernel_codegen.py",  # compiles for sm_90, counts 16-byte loads
     "sanitize_workload.py": "tests/project/test_sanitize_workload.py",  # --small runs to its OK line
     "probe_capture_memory.py": __name__,
+    "probe_graph_launch.py": __name__,
     "gpu_full_pass.sh": __name__,
     "gpu_hf.sh": __name__,
     "gpu_run_phases.sh": __name__,
@@ -113,9 +114,11 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def script_runs():
     """``{key: (exit code, stdout, stderr)}`` of every Python script's ``--help`` (key: its name) and of
-    ``probe_capture_memory.py --tokens 64`` (key ``"probe"``), run where CUDA is hidden."""
+    ``probe_capture_memory.py --tokens 64`` (key ``"probe"``) and ``probe_graph_launch.py --nodes 1`` (key
+    ``"launch"``), run where CUDA is hidden."""
     calls = [[name, str(TOOLS / name), "--help"] for name in PYTHON]
     calls.append(["probe", str(TOOLS / "probe_capture_memory.py"), "--tokens", "64"])
+    calls.append(["launch", str(TOOLS / "probe_graph_launch.py"), "--nodes", "1"])
     proc = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(calls)], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -130,8 +133,9 @@ def test_python_script_answers_help(script_runs, name):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what it says without CUDA")
-def test_probe_capture_memory_says_it_needs_cuda(script_runs):
-    code, out, err = script_runs["probe"]
+@pytest.mark.parametrize("key", ["probe", "launch"])
+def test_a_probe_says_it_needs_cuda(script_runs, key):
+    code, out, err = script_runs[key]
     assert code != 0 and "needs a CUDA device" in err, out + err
 
 
