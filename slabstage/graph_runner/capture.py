@@ -85,6 +85,14 @@ def _probe(buffers: StagingBuffers, n: int) -> PrefillBatch:
     return PrefillBatch(table=table, **slots)
 
 
+def _dropped(bucket: int, check: dict, verify: str) -> str:
+    """Why the check dropped ``bucket`` (its ``check``); under ``verify="strict"`` a :class:`CaptureError`."""
+    if verify == "strict":
+        raise CaptureError(f"the {bucket}-token bucket's replay {DROPPED_WORDS[check['dropped']]} "
+                           f"the eager forward ({check['detail']})")
+    return check["dropped"]
+
+
 def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buckets: list, *, pool, static,
                     verify: str, after_stage, progress: bool, rank0: bool, group=None) -> Captured:
     """Capture and check ``buckets`` (the largest bucket among them first, or captured already) into ``pool``.
@@ -115,15 +123,11 @@ def capture_buckets(forward: Callable[[dict], Any], buffers: StagingBuffers, buc
                 pool = graph.pool() if pool is None else pool
                 static = out if static is None else static  # every smaller graph copies its rows into these
                 graphs[bucket] = (graph, out)
-                if verify == "off":
-                    continue
-                check = checks[bucket] = _check_one(stager, bucket, graph, out, probe, eager_out, eager_us,
-                                                    after_stage, group)
-                if check["dropped"] is not None:
-                    if verify == "strict":
-                        raise CaptureError(f"the {bucket}-token bucket's replay {DROPPED_WORDS[check['dropped']]} "
-                                           f"the eager forward ({check['detail']})")
-                    dropped[bucket] = check["dropped"]
+                if verify != "off":
+                    check = checks[bucket] = _check_one(stager, bucket, graph, out, probe, eager_out, eager_us,
+                                                        after_stage, group)
+                    if check["dropped"] is not None:
+                        dropped[bucket] = _dropped(bucket, check, verify)
     except Exception as e:
         graphs.clear()
         _rejoin(buffers, stream, kept)

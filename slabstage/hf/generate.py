@@ -57,6 +57,21 @@ class _Seq:
     spans: list | None = None  # with an encoder cache: each item's (first token, end) in the prompt
 
 
+def _sequences(requests: Sequence[Request], max_new_tokens: int, max_context: int, where: str) -> list:
+    """A :class:`_Seq` of each request, its prompt ids checked; raises naming the first request refused."""
+    seqs = []
+    for k, req in enumerate(requests):
+        if not isinstance(req, Request):
+            raise TypeError(f"{where} request {k}: a request must be a slabstage.hf.Request, got "
+                            f"{type(req).__name__}")
+        ids = as_prompt_ids(req.input_ids, f"{where} request {k}:")
+        if ids.shape[0] + max_new_tokens > max_context:
+            raise ValueError(f"{where} request {k}: {ids.shape[0]} prompt tokens and {max_new_tokens} new ones "
+                             f"exceed the cache's max_context of {max_context}")
+        seqs.append(_Seq(k, replace(req, input_ids=ids, chunk=None, req_index=None), ids.shape[0]))
+    return seqs
+
+
 def _eos_ids(model, eos_token_id) -> set:
     if eos_token_id is None:
         config = getattr(model, "generation_config", None)
@@ -356,16 +371,7 @@ class Generator:
         fam, where = self.fam, "slabstage.hf.generate:"
         _check_int("max_new_tokens", max_new_tokens)
         self._calls += 1
-        seqs = []
-        for k, req in enumerate(requests):
-            if not isinstance(req, Request):
-                raise TypeError(f"{where} request {k}: a request must be a slabstage.hf.Request, got "
-                                f"{type(req).__name__}")
-            ids = as_prompt_ids(req.input_ids, f"{where} request {k}:")
-            if ids.shape[0] + max_new_tokens > self.cache.max_context:
-                raise ValueError(f"{where} request {k}: {ids.shape[0]} prompt tokens and {max_new_tokens} new ones "
-                                 f"exceed the cache's max_context of {self.cache.max_context}")
-            seqs.append(_Seq(k, replace(req, input_ids=ids, chunk=None, req_index=None), ids.shape[0]))
+        seqs = _sequences(requests, max_new_tokens, self.cache.max_context, where)
         if not seqs:
             return []
         for seq in seqs:

@@ -129,14 +129,7 @@ class Stager:
         self._host_per_token = sum(spec.rows for spec, t in zip(SOURCE_SLOTS, dst.slots) if t is not None
                                    and spec.kind != REQUESTS) + 1 if dst.host else 0  # (+1: media_index)
         self._host_fixed = 2 * len(SLOTS) + 2 * dst.batch_cap if dst.host else 0  # requests, 16-byte alignment
-        words = self.words_for(dst.capacity)
-        self.ring = PinnedRing(8 * words, pinned=device.type == "cuda", k=8 if device.type == "cuda" else 1)
-        with torch.inference_mode(False):  # normal tensors, usable in and outside inference mode
-            self.params = torch.zeros(self.ring.slot_words, dtype=torch.int64, device=device)
-            self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # [0]: last step staged; [2]: spare
-        self._base = self.params.data_ptr()
-        self._counter_addr, self._spare_addr = self.counter.data_ptr(), self.counter.data_ptr() + 16
-        self._mv = memoryview((c_char * (8 * self.ring.words.size)).from_address(self.ring.base)).cast("B")
+        self._allocate(device, self.words_for(dst.capacity))
         self._dynamic = struct.Struct(f"<{HEADER_WORDS + SOURCE_WORDS * self.num_slots}q")  # what a batch writes
         self._copies: dict = {}  # (slot, words) -> (ring view, device view)
         self.configs: dict = {}  # the configurations check_batch has passed for these destinations
@@ -157,6 +150,16 @@ class Stager:
         if device.type == "cuda":  # (what the device may still read or write outlives the stager a while)
             done = weakref.finalize(self, _retire, (self.ring, self.params, self.counter, self._kept), self._where)
             done.atexit = False  # (at exit the process frees it all)
+
+    def _allocate(self, device: torch.device, words: int) -> None:
+        """The pinned ring of parameter records of ``words`` words, the device record and counter, their addresses."""
+        self.ring = PinnedRing(8 * words, pinned=device.type == "cuda", k=8 if device.type == "cuda" else 1)
+        with torch.inference_mode(False):  # normal tensors, usable in and outside inference mode
+            self.params = torch.zeros(self.ring.slot_words, dtype=torch.int64, device=device)
+            self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # [0]: last step staged; [2]: spare
+        self._base = self.params.data_ptr()
+        self._counter_addr, self._spare_addr = self.counter.data_ptr(), self.counter.data_ptr() + 16
+        self._mv = memoryview((c_char * (8 * self.ring.words.size)).from_address(self.ring.base)).cast("B")
 
     def words_for(self, tokens: int) -> int:
         """The most words a parameter record of a batch of ``tokens`` tokens takes."""
