@@ -16,8 +16,9 @@ and each step replayed two ways:
           records an event that the replay's stream waits for, then ``graph.replay()`` (``line`` has no event
           to wait for, so its side stream waits for nothing).
 CUDA 12.6 and later launch straight-line graphs in constant time; this measures whether ``inline`` keeps that
-and what ``fork`` costs as the forward grows. For each case: host time (perf_counter around the step, after a
-sync), latency (the same, up to a sync) and device time (CUDA events around the step), medians of
+and what ``fork`` costs as the forward grows. For each case: host time (perf_counter around the step and the
+two event records that time it, after a sync), latency (the same, up to a sync) and device time (those CUDA
+events around the step), medians of
 ``--rounds``, the cases alternated round by round. Prints a table; ``--json`` keeps it.
 """
 
