@@ -6,8 +6,9 @@ step's new encoder outputs made (new views of a rotating pool), put into the cac
 into the one media tensor, the 16 keys looked up (``get_many``) and a new view of the media tensor taken;
 then a sync (host time, latency) or an L2 flush and a device sleep (device time). Inside the timed region the
 two sides differ only in the ``media`` argument. Medians, their ratio, the target and whether it was met go to
-``extra_info`` (``metric="ab"``; ``python bench/report.py`` tabulates them); the test's own timing is the
-loop's wall time. Cases (bf16):
+``extra_info`` (``metric="ab"``; a latency case adds each side's median host part, the time until its call
+returned, as ``ours_host_us`` / ``reference_host_us``; ``python bench/report.py`` tabulates them); the test's
+own timing is the loop's wall time. Cases (bf16):
 
 - ``test_run_host``: host time of :meth:`PrefillGraphRunner.run` (captured, forward almost nothing, 256 tokens
   x 4096, half media rows, host integer inputs), the ``PrefillBatch`` built inside the timed call: 16 cached
@@ -68,8 +69,9 @@ def _sync():
 
 
 # -- the A/B loop ------------------------------------------------------------------------------------
-def _time_once(measure, fn, arg, between_rounds) -> float:
-    """µs of one ``fn(arg)``: ``host`` (no sync inside), ``latency`` (up to a sync) or ``device`` (CUDA events)."""
+def _time_once(measure, fn, arg, between_rounds) -> tuple[float, float]:
+    """µs of one ``fn(arg)``: ``host`` (no sync inside), ``latency`` (up to a sync) or ``device`` (CUDA events);
+    and the host's part of it (the time until ``fn`` returned: the same as the first for ``host``)."""
     if measure == "device":
         between_rounds()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -77,13 +79,14 @@ def _time_once(measure, fn, arg, between_rounds) -> float:
         fn(arg)
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) * 1e3
+        return start.elapsed_time(end) * 1e3, float("nan")
     _sync()
     t0 = time.perf_counter()
     fn(arg)
+    host = time.perf_counter() - t0
     if measure == "latency":
         _sync()
-    return (time.perf_counter() - t0) * 1e6
+    return (time.perf_counter() - t0) * 1e6, host * 1e6
 
 
 def _rounds(request, measure) -> tuple[int, int]:
@@ -97,19 +100,22 @@ def _rounds(request, measure) -> tuple[int, int]:
 def ab(benchmark, request, between_rounds, *, measure, prologue, ours, reference, target, higher_better=False,
        **info):
     """Time ``ours(prep)`` and ``reference(prep)`` alternated, ``prep = prologue(step)`` untimed before each;
-    medians, ratio and target into ``extra_info``. ``higher_better``: the target is the reference's time over
-    ours (how many times faster), else ours over the reference's."""
+    medians, ratio and target into ``extra_info`` (for latency also each side's median host part, the time
+    until its call returned). ``higher_better``: the target is the reference's time over ours (how many times
+    faster), else ours over the reference's."""
     rounds, warmup = _rounds(request, measure)
     times = {"ours": [], "reference": []}
+    host = {"ours": [], "reference": []}
     step = [0]
 
     def loop():
         for r in range(warmup + rounds):
             for name, fn in (("ours", ours), ("reference", reference)):
                 step[0] += 1
-                t = _time_once(measure, fn, prologue(step[0]), between_rounds)
+                t, h = _time_once(measure, fn, prologue(step[0]), between_rounds)
                 if r >= warmup:
                     times[name].append(t)
+                    host[name].append(h)
 
     benchmark._timer = time.perf_counter
     benchmark.pedantic(loop, rounds=1, iterations=1)
@@ -121,6 +127,9 @@ def ab(benchmark, request, between_rounds, *, measure, prologue, ours, reference
         suite=SUITE, metric="ab", measure=measure, ours_us=a, reference_us=b, ratio=ratio,
         target=(">=" if higher_better else "<=") + str(target),
         met=bool(ratio >= target if higher_better else ratio <= target), rounds=rounds, **info)
+    if measure == "latency":
+        benchmark.extra_info.update(ours_host_us=statistics.median(host["ours"]),
+                                    reference_host_us=statistics.median(host["reference"]))
     return ratio
 
 

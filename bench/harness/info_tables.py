@@ -58,7 +58,21 @@ def _ab_lines(infos: list[dict]) -> list[str]:
         out.append(f"| {i.get('case')} | {i.get('tokens', '')} | {i.get('impl')} | {fmt_us(i['ours_us'])} | "
                    f"{i.get('reference_impl')} | {fmt_us(i['reference_us'])} | {i['ratio']:.3f} | {i['target']} | "
                    f"{'yes' if i['met'] else 'no'} |")
-    return out + [""] + _ab_profile_lines([i for i in infos if i.get("profile")])
+    return (out + [""] + _ab_host_lines([i for i in infos if "ours_host_us" in i])
+            + _ab_profile_lines([i for i in infos if i.get("profile")]))
+
+
+def _ab_host_lines(infos: list[dict]) -> list[str]:
+    """How much of each side's latency the host took (median time until its call returned)."""
+    if not infos:
+        return []
+    out = ["## The host's part of each latency (median µs until the call returned; the rest is waiting for the "
+           "device)", "", *_head(["case", "tokens", "ours: host / latency", "reference: host / latency"], "lrrr")]
+    for i in infos:
+        out.append(_row([i.get("case"), i.get("tokens", ""),
+                         f"{fmt_us(i['ours_host_us'])} / {fmt_us(i['ours_us'])}",
+                         f"{fmt_us(i['reference_host_us'])} / {fmt_us(i['reference_us'])}"]))
+    return out + [""]
 
 
 def _ab_profile_lines(infos: list[dict]) -> list[str]:

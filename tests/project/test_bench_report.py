@@ -98,6 +98,15 @@ def test_ab_comparisons_are_shown_with_their_ratio_and_target_not_as_a_loop_wall
     assert row in text
 
 
+def test_a_latency_comparison_shows_the_hosts_part_of_each_side():
+    info = dict(suite="encoder_cache", metric="ab", measure="latency", case="merge latency", impl="from the cache",
+                reference_impl="engine-style merge", tokens=4096, ours_us=267.0, reference_us=1096.0, ratio=4.1,
+                target=">=5.0", met=False, rounds=100, ours_host_us=190.5, reference_host_us=88.25)
+    text = markdown("encoder_cache", _doc([{"name": "test_merge[latency]", "stats": {"median": 0.5},
+                                            "extra_info": info}]))
+    assert "| merge latency | 4096 | 190.5 µs / 267.0 µs | 88.2 µs / 1,096 µs |" in text
+
+
 def test_a_replays_profile_is_shown_kernel_by_kernel():
     profile = {"ours": dict(span_us=11.5, by_kernel={"fetch_kernel": 2.1, "stage_kernel": 3.9, "mul": 1.5}),
                "reference": dict(span_us=6.0, by_kernel={"_lightllm_style_kernel": 3.2, "mul": 1.5})}
