@@ -35,7 +35,10 @@ from slabstage.staging.stager import stage_batch
 from slabstage.models import ToyMultimodalModel, make_batch
 
 import builders  # noqa: I001 - tests/builders.py
+import interpreter_speedups  # noqa: I001 - tests/interpreter_speedups.py
 from builders import shard_table  # noqa: I001
+
+interpreter_speedups.speed_up()  # (the spawned ranks import this module: they interpret faster too)
 
 WORLD = 2
 POISON = 12345.0  # finite, so whole slabs compare with torch.equal; rows past pad_to must keep it

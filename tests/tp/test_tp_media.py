@@ -32,7 +32,10 @@ from slabstage.distributed import SlabAllReduce, all_reduce_in_forward, vocab_pa
 from slabstage.models import ToyMultimodalModel, make_batch
 
 import builders  # noqa: I001 - tests/builders.py
+import interpreter_speedups  # noqa: I001 - tests/interpreter_speedups.py
 from builders import shard_table  # noqa: I001
+
+interpreter_speedups.speed_up()  # (the spawned ranks import this module: they interpret faster too)
 
 WORLD = 2
 POISON = 12345.0  # finite, so whole slabs compare with torch.equal; rows past pad_to must keep it
