@@ -9,7 +9,6 @@ mkdir -p "$OUT"
    > "$OUT/checks.summary" 2>&1) &
 wait
 TAG=tp timeout 150 bash tools/gpu_run_phases.sh tp > "$OUT/tp.summary" 2>&1
-mkdir -p "$OUT/bench" && cp -r bench/results "$OUT/bench/results_final" 2>/dev/null
 for t in bench checks tp; do  # a phase cut by its timeout left no archive: make it, keep the file count low
   [ -d "$OUT/$t" ] && tar czf "$OUT/$t.tgz" -C "$OUT" "$t" && rm -rf "${OUT:?}/$t"
 done

@@ -2,13 +2,15 @@
 # One device call's worth of GPU work, by phase (tools/README.md lists them):
 #   bash tools/gpu_run_phases.sh tests sanitize soak     (results under $OUT, or /tmp/slabstage-gpu)
 # Each phase logs to $OUT/$TAG/<phase>.log (TAG default: logs), packed into $OUT/$TAG.tgz; prints
-# the machine and one summary line per phase last.
+# the machine and one summary line per phase last. The suites' JSON, tables and plots go to $RESULTS (default
+# $OUT/$TAG/results), never into the working tree: a later call that sends the tree again leaves them be.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/slabstage-gpu}
 TAG=${TAG:-logs}
 LOG=$OUT/$TAG
-mkdir -p "$LOG"
+RESULTS=${RESULTS:-$LOG/results}
+mkdir -p "$LOG" "$RESULTS"
 summary=()
 run() {  # name, command...
   local name=$1; shift
@@ -27,15 +29,15 @@ for phase in "$@"; do
     soak) SLABSTAGE_SOAK_STEPS=${SOAK_STEPS:-10000} SLABSTAGE_SOAK_OUT=$LOG/soak.json \
             run soak python3 -m pytest tests/runner/test_soak.py -m slow -q -p no:cacheprovider -rfEs ;;
     sanitize) run sanitize bash tools/gpu_sanitize.sh "$LOG/sanitizer" ;;  # native, memcheck (twice), racecheck
-    bench_runner) run bench_runner python3 bench/run.py --results bench/results --suite graph_runner ;;
+    bench_runner) run bench_runner python3 bench/run.py --results "$RESULTS" --suite graph_runner ;;
     tp) run tp_tests python3 -m pytest tests/tp/test_tp.py -q -p no:cacheprovider -rfEs -m multigpu
-        run tp_bench python3 bench/run.py --results bench/results --suite tp ;;
-    bench) run bench python3 bench/run.py --results bench/results
-           run report python3 bench/report.py --results bench/results ;;
+        run tp_bench python3 bench/run.py --results "$RESULTS" --suite tp ;;
+    bench) run bench python3 bench/run.py --results "$RESULTS"
+           run report python3 bench/report.py --results "$RESULTS" ;;
     profile) run profile python3 bench/nvtx_workload.py --steps 40 --torch-profiler "$LOG/trace.json" ;;
-    figures) run figures python3 bench/run.py --results bench/results --suite new_inputs ;;
-    cache) run cache python3 bench/run.py --results bench/results --suite encoder_cache ;;  # the encoder cache's A/B
-    engine) run engine python3 bench/run.py --results bench/results --suite prefill --suite generate ;;  # README's rows
+    figures) run figures python3 bench/run.py --results "$RESULTS" --suite new_inputs ;;
+    cache) run cache python3 bench/run.py --results "$RESULTS" --suite encoder_cache ;;  # the encoder cache's A/B
+    engine) run engine python3 bench/run.py --results "$RESULTS" --suite prefill --suite generate ;;  # README's rows
     kernel) run kernel python3 -m pytest tests/ops tests/cache tests/runner -q -m "not slow" -k cuda \
               -p no:cacheprovider -rfEs ;;  # the kernels, the cache and the runner on CUDA
     quick) run quick python3 -m pytest tests/runner/test_graph_runner.py tests/ops/test_stage_batch.py \
@@ -45,7 +47,6 @@ for phase in "$@"; do
     *) summary+=("$phase: unknown phase") ;;
   esac
 done
-cp -r bench/results "$LOG/results" 2>/dev/null
 tar czf "$OUT/$TAG.tgz" -C "$OUT" "$TAG"
 cat "$LOG/machine.txt"
 printf '%s\n' "${summary[@]}"
