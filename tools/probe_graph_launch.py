@@ -9,17 +9,22 @@ forward), captured three ways:
           (``torch.cuda.Event(external=True)``): still a straight line;
   fork    the event recorded on a second stream forked after the staging kernel and joined at the end: the
           graph is no longer a straight line of nodes.
-and each step replayed two ways:
+and each step replayed three ways:
   bare    ``graph.replay()`` alone;
+  same    a copy of a 4.8 KB record from pinned memory into a device buffer queued on the replay's own stream,
+          then ``graph.replay()`` (no stream waits for another);
   copy    what moving the parameter record's copy off the graph would add to every step: a side stream waits
-          for the last replay's event, copies a 4.8 KB record from pinned memory into a device buffer and
-          records an event that the replay's stream waits for, then ``graph.replay()`` (``line`` has no event
-          to wait for, so its side stream waits for nothing).
+          for the last replay's event, copies the record and records an event that the replay's stream waits
+          for, then ``graph.replay()`` (``line`` has no event to wait for, so its side stream waits for
+          nothing).
 CUDA 12.6 and later launch straight-line graphs in constant time; this measures whether ``inline`` keeps that
 and what ``fork`` costs as the forward grows. For each case: host time (perf_counter around the step and the
 two event records that time it, after a sync), latency (the same, up to a sync) and device time (those CUDA
 events around the step), medians of
-``--rounds``, the cases alternated round by round. Prints a table; ``--json`` keeps it.
+``--rounds``, the cases alternated round by round; the host time also in its two parts, the calls before
+``graph.replay()`` (and the first event record) and ``graph.replay()`` (and the second), so a replay launched
+behind another stream's event is timed apart from the calls that queue it. Prints a table; ``--json`` keeps
+it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import torch
 
 RECORD_BYTES = 4800
 SHAPES = ("line", "inline", "fork")
-STEPS = ("bare", "copy")
+STEPS = ("bare", "same", "copy")
 
 
 def capture(shape: str, nodes: int, x: torch.Tensor, read: torch.cuda.Event | None):
@@ -69,7 +74,8 @@ class Step:
         self.graph.replay()
         torch.cuda.synchronize()
 
-    def __call__(self) -> None:
+    def __call__(self) -> float:
+        """Queue the step; the host clock just before ``graph.replay()``."""
         if self.how == "copy":
             main = torch.cuda.current_stream()
             if self.read is not None:
@@ -78,21 +84,26 @@ class Step:
                 self.device.copy_(self.host, non_blocking=True)
                 self.copied.record(self.side)
             main.wait_event(self.copied)
+        elif self.how == "same":
+            self.device.copy_(self.host, non_blocking=True)
+        mid = time.perf_counter()
         self.graph.replay()
+        return mid
 
 
-def measure(step: Step) -> tuple[float, float, float]:
-    """(host, latency, device) of one step in µs."""
+def measure(step: Step) -> tuple[float, float, float, float, float]:
+    """(host, its part before ``graph.replay()``, its part from it, latency, device) of one step in µs."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     start.record()
-    step()
+    mid = step()
     end.record()
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     t2 = time.perf_counter()
-    return (t1 - t0) * 1e6, (t2 - t0) * 1e6, start.elapsed_time(end) * 1e3
+    return ((t1 - t0) * 1e6, (mid - t0) * 1e6, (t1 - mid) * 1e6, (t2 - t0) * 1e6,
+            start.elapsed_time(end) * 1e3)
 
 
 def main(argv=None) -> int:
@@ -114,13 +125,15 @@ def main(argv=None) -> int:
             for key, step in steps.items():
                 times[key].append(measure(step))
         for (shape, how), t in times.items():
-            host, latency, device = (statistics.median(v) for v in zip(*t))
-            rows.append(dict(nodes=nodes, shape=shape, step=how, host_us=host, latency_us=latency, device_us=device))
+            host, before, replay, latency, device = (statistics.median(v) for v in zip(*t))
+            rows.append(dict(nodes=nodes, shape=shape, step=how, host_us=host, before_replay_us=before,
+                             replay_us=replay, latency_us=latency, device_us=device))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    print(f"{'nodes':>5} {'shape':>6} {'step':>4} {'host µs':>8} {'latency µs':>10} {'device µs':>9}")
+    print(f"{'nodes':>5} {'shape':>6} {'step':>4} {'host µs':>8} {'before':>7} {'replay':>7} {'latency µs':>10} "
+          f"{'device µs':>9}")
     for r in rows:
-        print(f"{r['nodes']:>5} {r['shape']:>6} {r['step']:>4} {r['host_us']:>8.1f} {r['latency_us']:>10.1f} "
-              f"{r['device_us']:>9.1f}")
+        print(f"{r['nodes']:>5} {r['shape']:>6} {r['step']:>4} {r['host_us']:>8.1f} {r['before_replay_us']:>7.1f} "
+              f"{r['replay_us']:>7.1f} {r['latency_us']:>10.1f} {r['device_us']:>9.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
