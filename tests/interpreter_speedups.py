@@ -165,7 +165,7 @@ def _unwrap_plain_values_at_once() -> None:
 
 
 def speed_up() -> None:
-    """Both patches, where triton is installed and the interpreter runs the kernels."""
+    """The four patches, where triton is installed and the interpreter runs the kernels."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return
     try:
