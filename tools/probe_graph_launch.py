@@ -3,7 +3,7 @@
     python tools/probe_graph_launch.py [--nodes 1 100 500] [--rounds 300] [--json out.json]
 
 Plain PyTorch, no slabstage: each graph is a small "staging" kernel, then ``nodes`` small kernels (the
-forward), captured three ways:
+forward), captured four ways:
   line    a straight line of kernel nodes (the runner's graphs today: fetch, staging kernel, forward);
   inline  the same with an event-record node right after the staging kernel, on the capture stream
           (``torch.cuda.Event(external=True)``): still a straight line;
