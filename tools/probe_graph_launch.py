@@ -4,14 +4,14 @@
 
 Plain PyTorch, no slabstage: each graph is a small "staging" kernel, then ``nodes`` small kernels (the
 forward), captured four ways:
-  line    a straight line of kernel nodes (the runner's graphs today: fetch, staging kernel, forward);
+  line    a straight line of kernel nodes (the runner's graphs until 2026-12-05: fetch, staging kernel, forward);
   inline  the same with an event-record node right after the staging kernel, on the capture stream
           (``torch.cuda.Event(external=True)``): still a straight line;
   fork    the event recorded on a second stream forked after the staging kernel and joined at the end: the
-          graph is no longer a straight line of nodes;
+          graph is no longer a straight line of nodes (the runner's graphs now);
   memcpy  a straight line whose first node copies the 4.8 KB record from pinned memory into a device buffer (a
           captured ``copy_``: a memcpy node), then the staging stand-in: what a record carried by the graph's own
-          copy costs the device, beside the runner's fetch kernel (replayed bare only);
+          copy costs the device, beside the fetch kernel the runner's graphs began with (replayed bare only);
 and each step replayed three ways:
   bare    ``graph.replay()`` alone;
   same    a copy of a 4.8 KB record from pinned memory into a device buffer queued on the replay's own stream,

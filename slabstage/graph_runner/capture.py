@@ -173,18 +173,24 @@ def _capture_one(forward, buffers: StagingBuffers, stager: Stager, bucket: int, 
             eager_out, eager_us = first_rows(out, bucket, True), start.elapsed_time(end) * 1e3
     graph = torch.cuda.CUDAGraph()
     graph.capture_begin(pool=pool)
+    recorded = False
     try:
         if after_stage is None:  # (else staging runs before the graph, after_stage between them)
+            recorded = True
             stager.record(bucket)
         out = forward(views)
         if static is not None:  # smaller buckets write into the largest one's output storage
             out = into_static(out, static)
     except BaseException:
         try:  # end the capture, but report forward's error, not capture_end's echo of it
+            if recorded:
+                stager.end_record()
             graph.capture_end()
         except Exception:
             _reset_capture_state(buffers.device)
         raise
+    if recorded:
+        stager.end_record()
     graph.capture_end()
     first_rows(out, 0, False)  # the output's structure is checked now, not at replay
     return graph, out, probe, eager_out, eager_us
@@ -199,7 +205,7 @@ def _check_one(stager: Stager, bucket: int, graph, out, probe, eager_out, eager_
     ranks = dist.get_world_size(group) if group is not None and dist.is_available() and dist.is_initialized() else 1
     best = float("inf")
     for _ in range(2):
-        checked = stager.prepare(probe, bucket)
+        checked = stager.prepare(probe, bucket, replay=after_stage is None)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         if after_stage is None:

@@ -127,9 +127,8 @@ class PrefillGraphRunner:
     def graphs(self) -> dict:
         """bucket -> ``(torch.cuda.CUDAGraph, its static outputs)``; empty before :meth:`capture`. A bare
         ``replay()`` of one (no batch prepared for it by :meth:`run`) stages nothing: its forward runs again on the
-        buffers as the last step left them. Each graph takes the next parameter record :meth:`run` wrote, so a bare
-        replay must have run on the device before the next :meth:`run` (synchronize after bare replays): one still
-        queued then would take that run's batch, and the run's own replay would stage nothing."""
+        buffers as the last step left them, queued before a :meth:`run` or between two (no sync needed): a run's
+        record is copied in once the graph queued before it has read the last one."""
         return dict(self._graphs)
 
     @property
@@ -340,7 +339,7 @@ class PrefillGraphRunner:
                and torch.cuda.is_current_stream_capturing())
         range_push("slabstage.stage")
         try:
-            checked = stager.prepare(batch, pad_to, own_params=own)
+            checked = stager.prepare(batch, pad_to, own_params=own, replay=not launch)
             if launch:
                 stager.launch(checked, pad_to)
         finally:

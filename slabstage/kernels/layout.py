@@ -28,12 +28,15 @@ __all__ = ["HEADER_WORDS", "MAX_ITEM_WORDS", "SOURCE_WORDS", "DEST_WORDS", "INT_
            "FLOAT_BYTES", "device"]
 
 # -- header ------------------------------------------------------------------------------
-(H_STEP, H_DONE, H_COUNTER, H_WORDS, H_N, H_B, H_VOCAB_START, H_VOCAB_END, H_VOCAB_SIZE, H_SCALE, H_FLAGS,
+(H_STEP, H_DONE, H_WORDS, H_N, H_B, H_VOCAB_START, H_VOCAB_END, H_VOCAB_SIZE, H_SCALE, H_FLAGS,
  H_TABLE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_TABLE_DTYPE, H_IDS, H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE,
- H_NUM_MEDIA, H_NUM_ITEMS, H_ITEM_BLOCKS, H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_ITEMS, H_PAD_TO, H_LIVE) = range(27)
+ H_NUM_MEDIA, H_NUM_ITEMS, H_ITEM_BLOCKS, H_MEDIA_DTYPE, H_MEDIA_WIDTH, H_ITEMS, H_PAD_TO, H_LIVE,
+ H_TICKET) = range(27)
 HEADER_WORDS = 32
-# H_LIVE: 1 in every record the host writes; the fetch sets it to 0 when the ring slot it reads holds an older
-# step than the next one (a graph replayed with no record prepared for it): the kernel then writes nothing
+# H_LIVE: 1 in every record the host writes. H_TICKET: 0, or in a record for a graph's replay the address of an
+# int32 word that counts the launch's programs done: the last one to finish (every read of the record behind it)
+# clears the record's H_LIVE, so that a replay with no record copied in for it (a bare graph.replay()) writes
+# nothing, and the count goes back to 0
 
 # switches in H_FLAGS
 F_SCALE = 1  # multiply text rows by text_scale (in fp32)
@@ -60,7 +63,6 @@ COLUMN_BLOCK_WORDS = 4
 # -- how the kernels tile a batch -----------------------------------------------------------
 TOKEN_ROWS = 128  # integer-slot rows per program
 ITEM_CHUNK = 32  # item starts read per vector load when finding a media row's item
-FETCH_CHUNK = 4096  # parameter-record words a fetch program copies (32 KiB: most records in one program's read)
 
 NO_INPUT, INT32_CODE, INT64_CODE = 0, 1, 2  # (4 bytes a code)
 INT_CODE = {torch.int32: INT32_CODE, torch.int64: INT64_CODE}

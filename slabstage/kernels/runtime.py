@@ -62,9 +62,9 @@ else:  # pragma: no cover
 
 
 try:  # programmatic dependent launch (triton 3.4 and later)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    from triton.language.extra.cuda import gdc_wait
 except ImportError:  # pragma: no cover - older triton, or none
-    gdc_launch_dependents = gdc_wait = None
+    gdc_wait = None
 
 
 def next_pow2(x: int) -> int:

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from .layout import TOKEN_ROWS, device as K
 from .embed_rows import media_row, media_row_vec, text_row
-from .runtime import gdc_launch_dependents, gdc_wait, next_pow2, row_launch_config, tl, triton
+from .runtime import gdc_wait, next_pow2, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
-__all__ = ["stage_kernel", "fetch_kernel", "launch_settings", "grid_size"]
+__all__ = ["stage_kernel", "launch_settings", "grid_size"]
 
 
 def launch_settings(width: int | None, elem_bytes: int | None, num_slots: int, req_rows: int) -> tuple[dict, int]:
@@ -54,17 +54,15 @@ if triton is not None:
                      EMBED: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, ROW_PROGRAMS: tl.constexpr,
                      NUM_SLOTS: tl.constexpr, REQ_BLOCK: tl.constexpr, PIECE: tl.constexpr, PDL: tl.constexpr):
         tl.static_assert(_KEY >= 0)  # (reads the layout constants' checksum: see slabstage.kernels.layout)
-        if PDL:  # launched before the work ahead of it completes (the fetch, a copy): wait for it first
+        if PDL:  # launched before the work ahead of it completes (the record's copy): wait for it first
             gdc_wait()
         pid = tl.program_id(0)
         fresh = tl.load(params_ptr + K.H_LIVE)  # 1; 0: a replay with no record of its own, which writes nothing
         n = tl.load(params_ptr + K.H_N) * fresh
         pad_to = tl.load(params_ptr + K.H_PAD_TO) * fresh  # rows past it are left alone: a grid may cover more
         if pid == 0:
-            if fresh != 0:  # the step's parameter record has been read: the fetch and the host may move on
-                step = tl.load(params_ptr + K.H_STEP)
-                tl.store(tl.load(params_ptr + K.H_COUNTER).to(tl.pointer_type(tl.int64)), step)
-                tl.store(tl.load(params_ptr + K.H_DONE).to(tl.pointer_type(tl.int64)), step)
+            if fresh != 0:  # the step's ring slot has been copied and read: the host may write it again
+                tl.store(tl.load(params_ptr + K.H_DONE).to(tl.pointer_type(tl.int64)), tl.load(params_ptr + K.H_STEP))
         slot_programs = 0
         if NUM_SLOTS > 0:
             # program i < slot_programs writes integer slot i % NUM_SLOTS, rows [tok0, tok0 + TOKEN_ROWS): the
@@ -185,29 +183,11 @@ if triton is not None:
                 else:  # padding, a bad or another rank's id, a bad media index, media another rank owns
                     tl.store(dst + cols, tl.zeros((BLOCK,), OUT), mask=col_ok)
 
-    @triton.jit
-    def fetch_kernel(ring_ptr, counter_ptr, params_ptr, slot_words, k, CHUNK: tl.constexpr, PDL: tl.constexpr):
-        """Copy the next step's parameter record from the pinned ring into the device one: slot
-        ``(counter + 1) % k``, its first ``H_WORDS`` words; ``CHUNK`` words a program (the programs past its end copy
-        nothing). The first launch of every captured graph. Where the slot holds an older step than
-        ``counter + 1`` (no record was prepared for this replay), its ``H_LIVE`` word goes in as 0."""
-        tl.static_assert(_KEY >= 0)
-        if PDL:  # the staging kernel may launch now: it waits for this grid to complete before reading
-            gdc_launch_dependents()
-        step = tl.load(counter_ptr) + 1
-        src = ring_ptr + (step % k) * slot_words
-        pid = tl.program_id(0)
-        offs = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
-        if pid == 0:  # the header's chunk, read with the count and the step (one round trip to pinned memory, not
-            # two; the words past the count are read but not stored)
-            words = tl.load(src + offs, mask=offs < slot_words, other=0)
-            # a slot holding an older step (or none yet): no record was prepared for this replay (a bare
-            # graph.replay()); its H_LIVE goes in as 0 whatever the slot's count
-            words = tl.where(offs == K.H_LIVE, (tl.load(src + K.H_STEP) == step).to(tl.int64), words)
-            keep = (offs < tl.load(src + K.H_WORDS)) | (offs == K.H_LIVE)
-        else:  # the other chunks only as far as the count: the grid covers the largest record of the bucket
-            keep = offs < tl.load(src + K.H_WORDS)
-            words = tl.load(src + offs, mask=keep, other=0)
-        tl.store(params_ptr + offs, words, mask=keep)
+        ticket = tl.load(params_ptr + K.H_TICKET)  # (a graph's record: see slabstage.kernels.layout, H_TICKET)
+        if ticket != 0:
+            ticket_ptr = ticket.to(tl.pointer_type(tl.int32))
+            if tl.atomic_add(ticket_ptr, 1) == tl.num_programs(0) - 1:  # (acq_rel: after this program's reads)
+                tl.store(params_ptr + K.H_LIVE, 0)
+                tl.store(ticket_ptr, 0)
 else:  # pragma: no cover
-    stage_kernel = fetch_kernel = None
+    stage_kernel = None

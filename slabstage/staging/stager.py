@@ -1,10 +1,11 @@
 """The one staging path: check a batch, write its parameter record, launch the kernel over it.
 
 A :class:`Stager` serves one set of destinations and owns what it stages through (its pinned ring, device
-parameter record and checked configurations); see docs/design.md, "One kernel, one parameter record".
+parameter records and checked configurations); see docs/design.md, "One kernel, one parameter record".
 :meth:`Stager.prepare` checks a batch (nothing is written when that raises) and writes its parameter record into
-the next ring slot; :meth:`Stager.launch` copies it into the device record and queues the kernel, or a graph made
-with :meth:`Stager.record` fetches it when :meth:`Stager.replay` replays it. On a CPU device without Triton's
+the next ring slot; :meth:`Stager.launch` copies it into the device record and queues the kernel, or
+:meth:`Stager.replay` copies it into the graphs' device record on a side stream and replays a graph made with
+:meth:`Stager.record`. On a CPU device without Triton's
 interpreter the PyTorch reference stages the checked batch instead. Launches of one stager are totally ordered,
 whatever their streams (:meth:`Stager._order`).
 """
@@ -20,14 +21,14 @@ import numpy as np
 import torch
 
 from ..kernels.layout import (DEST_WORDS, F_MEDIA, F_MEDIA_TILED, F_MEDIA_VEC, F_MEDIA_WRAP, F_SCALE, F_TEXT_TILED,
-                              F_TEXT_VEC, F_TEXT_WRAP, FETCH_CHUNK, FLOAT_CODE, H_B, H_COUNTER, H_DONE, H_FLAGS, H_IDS,
-                              H_IDS_DTYPE, H_INDEX, H_INDEX_DTYPE, H_ITEMS, H_LIVE, H_N, H_NUM_MEDIA, H_PAD_TO,
-                              H_SCALE, H_STEP, H_TABLE, H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_VOCAB_START,
-                              H_WORDS,
+                              F_TEXT_VEC, F_TEXT_WRAP, FLOAT_CODE, H_B, H_DONE, H_FLAGS, H_IDS, H_IDS_DTYPE, H_INDEX,
+                              H_INDEX_DTYPE, H_ITEMS, H_LIVE, H_N, H_NUM_MEDIA, H_PAD_TO, H_SCALE, H_STEP, H_TABLE,
+                              H_TABLE_DTYPE, H_TABLE_STRIDE, H_TABLE_WIDTH, H_TICKET, H_VOCAB_START, H_WORDS,
                               HEADER_WORDS, INT_CODE, LAYOUT_CODE, MAX_ITEM_WORDS, REQUESTS, ROWS, S_ADDR, S_DTYPE,
                               S_STRIDE, SEGMENT_WORDS, SOURCE_WORDS)
 from ..kernels.runtime import next_pow2
-from ..kernels.stage_kernel import fetch_kernel, grid_size, launch_settings, stage_kernel
+from ..kernels.stage_kernel import grid_size, launch_settings, stage_kernel
+from . import driver
 from .destinations import Destinations
 from .launch import DirectLaunch, launch_context, use_pdl, use_triton
 from .mrope import float_word
@@ -38,7 +39,7 @@ from .validate import ELEM, LAYOUT_SLOT, Checked, Config, Inputs, check_batch
 
 __all__ = ["Stager", "Inputs", "MAX_ITEM_WORDS", "stage_batch", "capture_stream", "live_stagers"]
 
-_STREAMS: dict = {}  # device -> the side stream the runner captures on
+_STREAMS: dict = {}  # (device, use) -> a side stream (capture_stream)
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every stager not yet collected
 _RETIRED: list = []  # [event or None, stream, held]: what a collected stager held, until its device work ends
 _RETIRED_LOCK = threading.Lock()
@@ -49,12 +50,14 @@ except ImportError:  # pragma: no cover - a torch without CUDA
     _raw_stream = None
 
 
-def capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """The side stream the runner captures on, one per device: cuBLAS keeps a workspace per stream it has run
-    on (32 MiB on Hopper), so a fresh stream per capture would cost one more each time."""
-    stream = _STREAMS.get(device)
+def capture_stream(device: torch.device, use: str = "capture") -> torch.cuda.Stream:
+    """A side stream of ``device``, one per use: ``"capture"``, the one the runner captures on (cuBLAS keeps a
+    workspace per stream it has run on, 32 MiB on Hopper, so a fresh stream per capture would cost one more each
+    time); ``"branch"``, a graph's branch beside its forward; ``"copy"``, what a replay's parameter record is
+    copied on."""
+    stream = _STREAMS.get((device, use))
     if stream is None:
-        stream = _STREAMS[device] = torch.cuda.Stream(device)
+        stream = _STREAMS[(device, use)] = torch.cuda.Stream(device)
     return stream
 
 
@@ -90,7 +93,7 @@ def _capturing_now() -> bool:
 
 
 def _retire(held: tuple, where: list) -> None:
-    """A stager was collected: keep ``held`` (its ring, device parameter record, counter, kept ones) until the device
+    """A stager was collected: keep ``held`` (its ring, device parameter records, kept ones, events) until the device
     work it queued on its last stream (``where[1]``) has finished; for good if a caller's graph captured one
     of its launches (a replay reads that launch's parameter record and reports into the ring's spare words)."""
     stream = where[1]
@@ -135,7 +138,8 @@ class Stager:
         self.configs: dict = {}  # the configurations check_batch has passed for these destinations
         self._kept: list = []  # (host, device) parameter records of launches captured in a caller's graph
         self._now = self.params  # the device parameter record the next launch reads
-        self._pending = (0, 0, 0)  # (step, slot offset, words) of the last prepared parameter record
+        self._pending = (0, 0, 0, False)  # (step, slot offset, words, for a replay) of the last prepared record
+        self._events = None  # (read, copied): driver events of the graphs' record (made by the first record())
         self._reads = None  # (EncoderCache, slots) the prepared batch's media reads, if cache entries
         self.lock = threading.Lock()
         self.dst = dst
@@ -148,17 +152,20 @@ class Stager:
             self.ring.words[start:start + self._dest.size] = self._dest
         _LIVE.add(self)
         if device.type == "cuda":  # (what the device may still read or write outlives the stager a while)
-            done = weakref.finalize(self, _retire, (self.ring, self.params, self.counter, self._kept), self._where)
+            done = weakref.finalize(self, _retire, (self.ring, self.params, self.graph_params, self._kept,
+                                                    self._held_events), self._where)
             done.atexit = False  # (at exit the process frees it all)
 
     def _allocate(self, device: torch.device, words: int) -> None:
-        """The pinned ring of parameter records of ``words`` words, the device record and counter, their addresses."""
+        """The pinned ring of parameter records of ``words`` words, the device records (launches', graphs'), their
+        addresses."""
         self.ring = PinnedRing(8 * words, pinned=device.type == "cuda", k=8 if device.type == "cuda" else 1)
         with torch.inference_mode(False):  # normal tensors, usable in and outside inference mode
             self.params = torch.zeros(self.ring.slot_words, dtype=torch.int64, device=device)
-            self.counter = torch.zeros(4, dtype=torch.int64, device=device)  # [0]: last step staged; [2]: spare
-        self._base = self.params.data_ptr()
-        self._counter_addr, self._spare_addr = self.counter.data_ptr(), self.counter.data_ptr() + 16
+            self.graph_params = torch.zeros(self.ring.slot_words + 8, dtype=torch.int64, device=device)  # (+ ticket)
+        self._base, self._graph_base = self.params.data_ptr(), self.graph_params.data_ptr()
+        self._ticket = self._graph_base + 8 * self.ring.slot_words  # (H_TICKET of a replay's record)
+        self._held_events = []  # (the graphs' events, freed with what the device may still use)
         self._mv = memoryview((c_char * (8 * self.ring.words.size)).from_address(self.ring.base)).cast("B")
 
     def words_for(self, tokens: int) -> int:
@@ -181,7 +188,7 @@ class Stager:
         ``config`` fixes, and where each integer source's words go (``(read position, word, is rows)``;
         ``(read position, word, element bytes)``)."""
         values = [0] * (HEADER_WORDS + SOURCE_WORDS * self.num_slots)
-        values[H_DONE], values[H_COUNTER], values[H_LIVE] = self.ring.done_addr, self._counter_addr, 1
+        values[H_DONE], values[H_LIVE] = self.ring.done_addr, 1
         dtypes, shapes = c.reads[1], c.reads[3]
         in_place, in_record = [], []
         for at, k, kind, _, _, elem, host in config.sources:
@@ -201,11 +208,11 @@ class Stager:
         config.template = values, tuple(in_place), tuple(in_record)
         return config.template
 
-    def _write(self, c: Checked, own_params: bool) -> None:
+    def _write(self, c: Checked, own_params: bool, replay: bool) -> None:
         config, plan, segments = c.config, c.media, c.segments
         item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
         seg_words = 0 if segments is None else len(segments)  # (their room was checked with the batch)
-        base = self._base
+        base = self._graph_base if replay else self._base  # (host inputs in the record: read where it is copied)
         if own_params:  # a device parameter record of its own (in the capturing graph's pool), kept with its host one
             with torch.inference_mode(False):
                 own = torch.zeros(self.words_for(c.n), dtype=torch.int64, device=self.dst.device)
@@ -229,9 +236,11 @@ class Stager:
         if self.dst.slab is not None:
             end = self._embed_header(values, c, parts, base, end)
         words = -(-end // 8)
+        if replay:
+            values[H_TICKET] = self._ticket
         if own_params:
             step, at = 0, 0
-            values[H_DONE], values[H_COUNTER] = self.ring.spare_done_addr, self._spare_addr
+            values[H_DONE] = self.ring.spare_done_addr
             record, mv, start = self._own_host_record(words, own)
         else:
             step, at = self.ring.take()
@@ -250,7 +259,7 @@ class Stager:
             self._now = own
         else:
             self._now = self.params
-            self._pending = (step, at, words)
+            self._pending = (step, at, words, replay)
 
     def _own_host_record(self, words: int, own: torch.Tensor) -> tuple:
         """``(record, its bytes, its address)``: a pinned host parameter record of ``words`` words, the destinations'
@@ -298,17 +307,20 @@ class Stager:
         return end
 
     # -- a batch ------------------------------------------------------------------------------
-    def prepare(self, src, pad_to, *, own_params: bool = False) -> Checked:
+    def prepare(self, src, pad_to, *, own_params: bool = False, replay: bool = False) -> Checked:
         """Check ``src`` and write its parameter record into the ring (on the reference path: nothing but the
         check). Raises before anything is written. ``own_params``: a parameter record of its own, kept for good (a
-        caller capturing the launch in its own graph: each replay copies it again)."""
+        caller capturing the launch in its own graph: each replay copies it again). ``replay``: for
+        :meth:`replay` (the graphs' device record), not :meth:`launch`."""
+        if replay and own_params:
+            raise ValueError("a parameter record of its own is launched, not replayed")
         c = check_batch(self.dst, src, pad_to, self.configs)
         reads = c.media.entries if c.media is not None else None
         if reads is not None and own_params:
             raise ValueError("media of EncoderCache entries cannot be staged inside a graph the caller captures "
                              "(its replays would read entries the cache may have evicted): stage tensors there")
         if self.triton:
-            self._write(c, own_params)
+            self._write(c, own_params, replay)
         self._reads = reads
         return c
 
@@ -329,36 +341,64 @@ class Stager:
         grid = self._grid(pad_to)
         if not grid:
             return
-        step, at, words = self._pending
+        step, at, words, replay = self._pending
         if self._now is not self.params:  # a parameter record of its own: its copy was queued with it
             self._kernel(grid, self._now)
             return
+        if replay:
+            raise RuntimeError("Stager.launch(): the prepared parameter record is a replay's (prepare(replay=True))")
+        size = min(max(1024, next_pow2(words)), self.ring.slot_words)
+        pair = self._copies.get((at, size))
+        if pair is None:
+            pair = self._copies[(at, size)] = (self.ring.tensor[at:at + size], self.params[:size])
         if self.dst.device.type == "cuda":
             self._order()
-            size = min(max(1024, next_pow2(words)), self.ring.slot_words)
-            pair = self._copies.get((at, size))
-            if pair is None:
-                pair = self._copies[(at, size)] = (self.ring.tensor[at:at + size], self.params[:size])
-            pair[1].copy_(pair[0], non_blocking=True)
-        else:
-            self._fetch(-(-words // FETCH_CHUNK))
+        pair[1].copy_(pair[0], non_blocking=True)
         self._kernel(grid, self.params)
         self.ring.commit(step)
         self._note_reads()
 
     def record(self, pad_to: int) -> None:
-        """Record into the graph being captured the fetch of the next prepared parameter record and the kernel over it
-        for ``pad_to`` rows. A replay of that graph stages the record :meth:`prepare` wrote for it (replay it with
-        :meth:`replay`); a replay with none prepared (a second one, a bare ``graph.replay()``) writes nothing."""
-        self._fetch(-(-self.words_for(pad_to) // FETCH_CHUNK))
-        self._kernel(max(self._grid(pad_to), 1), self.params)
+        """Record into the graph being captured the kernel over the graphs' device parameter record for ``pad_to``
+        rows, then, on a branch beside what the caller records next, an event the next replay's copy waits for
+        (the kernel's last program has cleared the record's ``H_LIVE`` word by then). Call :meth:`end_record`
+        before the capture ends (it joins the branch). A replay of the graph stages the record :meth:`prepare`
+        wrote for it (replay it with :meth:`replay`); a replay with none copied in (a second one, a bare
+        ``graph.replay()``) writes nothing."""
+        if self._events is None:
+            self._events = (driver.Event(self._index), driver.Event(self._index))
+            self._held_events.extend(self._events)
+            self._copy_raw = capture_stream(self.dst.device, "copy").cuda_stream
+        self._kernel(max(self._grid(pad_to), 1), self.graph_params)
+        branch = capture_stream(self.dst.device, "branch")
+        branch.wait_stream(torch.cuda.current_stream(self._index))
+        r = driver.calls().record_external(self._events[0].handle, branch.cuda_stream)
+        if r:
+            driver.fail(r, "recording a graph's branch", self._index)
+
+    def end_record(self) -> None:
+        """Join the branch :meth:`record` forked into the stream being captured (before the capture ends)."""
+        torch.cuda.current_stream(self._index).wait_stream(capture_stream(self.dst.device, "branch"))
 
     def replay(self, graph) -> None:
-        """Replay ``graph`` (made with :meth:`record`) on the current stream: it stages the last prepared
-        parameter record, ordered after every earlier launch of this stager."""
+        """Replay ``graph`` (made with :meth:`record`) on the current stream over the parameter record prepared for
+        it (``prepare(replay=True)``), ordered after every earlier launch of this stager. The record is copied into
+        the graphs' device record on a side stream once the last graph's kernel has read it (the previous step's
+        forward may still run), and the replay waits for the copy: four driver calls, no kernel."""
+        step, at, words, replay = self._pending
+        if not replay:
+            raise RuntimeError("Stager.replay(): prepare the batch with replay=True")
         self._order()
+        read, copied = self._events
+        copy, lib = self._copy_raw, driver.calls()
+        for retry in (False, True):  # (a retry once this thread has a current context: driver.fail)
+            r = (lib.wait(copy, read.handle) | lib.copy_in(self._graph_base, self.ring.base + 8 * at, 8 * words, copy)
+                 | lib.record(copied.handle, copy) | lib.wait(self._where[0], copied.handle))
+            if not r or not driver.fail(r, "copying a replay's parameter record", self._index, retry):
+                break
         graph.replay()
-        self.ring.commit(self._pending[0])
+        self.ring.commit(step)
+        self._pending = (0, 0, 0, False)  # (a second replay() needs a record of its own)
         self._note_reads()
 
     def _order(self) -> None:
@@ -387,11 +427,6 @@ class Stager:
         slab = dst.slab if dst.slab is not None else dst.errors
         with launch_context(dst.device):
             self._launch(grid, _raw_stream(self._index) if dst.device.type == "cuda" else 0, params, dst.errors, slab)
-
-    def _fetch(self, grid: int) -> None:
-        args = (self.ring.tensor, self.counter, self.params, self.ring.slot_words, self.ring.k)
-        with launch_context(self.dst.device):
-            fetch_kernel[(grid,)](*args, CHUNK=FETCH_CHUNK, PDL=self.pdl, num_warps=4)
 
     # -- one call -------------------------------------------------------------------------------
     def stage(self, src, pad_to) -> Checked:

@@ -476,9 +476,11 @@ def _media_plan(media, device: torch.device, slab_width: int, text_width: int, e
                         f"EncoderCache entries), got {type(media).__name__}")
     if not media:
         raise ValueError("media is an empty list: pass None when the batch has no media")
+    if type(media[0]) is Entry:
+        return _entries_plan(media, device, slab_width, text_width, expand), None
     kinds = set(map(type, media))
     if Entry in kinds:
-        return _entries_plan(media, kinds, device, slab_width, text_width, expand), None
+        return _entries_plan(media, device, slab_width, text_width, expand), None
     if kinds == {torch.Tensor}:  # items of one block each
         blocks, lens = media, None
     elif kinds == {tuple}:  # items of column blocks
@@ -503,18 +505,23 @@ def one_tensor_plan(media: torch.Tensor, shape, stride, ptr: int, dtype: torch.d
     return MediaPlan((media,), rows, width, dtype, [0], [ptr if rows else 0, s0, 0, width], 1, vec, lows, highs)
 
 
-def _entries_plan(media, kinds: set, device: torch.device, slab_width: int, text_width: int,
-                  expand: str) -> MediaPlan:
-    """The plan of cache handles ``media``: integers from the cache's tables, no tensor read."""
+def _entries_plan(media, device: torch.device, slab_width: int, text_width: int, expand: str) -> MediaPlan:
+    """The plan of cache handles ``media``: integers from the cache's tables, no tensor read. What the cache and
+    the destinations fix is checked once for each set of them (the cache keeps the last one that passed)."""
+    kinds = set(map(type, media))
     if len(kinds) > 1:
-        i = next(i for i, m in enumerate(media) if type(m) is not Entry)
-        raise TypeError(f"media item {i} is a {type(media[i]).__name__} but media item 0 is a cache Entry: "
-                        f"give cache entries or tensors, not both")
+        i = next(i for i, m in enumerate(media) if type(m) is not type(media[0]))
+        raise TypeError(f"media item {i} is a {type(media[i]).__name__} but media item 0 is a "
+                        f"{'cache Entry' if type(media[0]) is Entry else type(media[0]).__name__}: give cache "
+                        f"entries or tensors, not both")
     cache = media[0].cache
-    if cache.device != device and not (device.type == cache.device.type == "cuda" and device.index is None):
-        raise ValueError(f"media item 0 is an entry of an EncoderCache on {cache.device}; expected {device}")
+    fits = (device, slab_width, text_width, expand)
+    if cache.fits != fits:
+        if cache.device != device and not (device.type == cache.device.type == "cuda" and device.index is None):
+            raise ValueError(f"media item 0 is an entry of an EncoderCache on {cache.device}; expected {device}")
+        check_media_width("media (cache entries)", cache.width, slab_width, text_width, expand)
     starts, fields, rows, slots = cache.locate(media)
-    check_media_width("media (cache entries)", cache.width, slab_width, text_width, expand)
+    cache.fits = fits
     return MediaPlan(media, rows, cache.width, cache.dtype, starts, fields, 1, cache.vec, cache.span_lows,
                      cache.span_highs, (cache, slots))
 

@@ -148,6 +148,71 @@ def test_ops_and_runner_interleaved_on_one_set_of_buffers():
     assert buffers.errors[0].item() == 0
 
 
+def _toy_runner(buckets=(16, 32), T=64, seed=6):
+    """A runner whose forward is elementwise (its outputs are known without it), its table, a batch maker."""
+    g = torch.Generator().manual_seed(seed)
+    buffers = allocate(T=T)
+    V = 80
+    table = torch.randn(V, W, generator=g).to(DEV, torch.bfloat16)
+
+    def forward(v):
+        return v["input_embeds"].float() * 2 + v["positions"][:, None].float()
+
+    runner = PrefillGraphRunner(forward, buffers, buckets=list(buckets), verify="off", progress=False,
+                                max_padding_ratio=16).capture()
+
+    def batch(n, on_device):
+        ids = torch.randint(0, V, (n,), generator=g)
+        pos = torch.randint(0, 1000, (n,), generator=g)
+        expect = table[ids.to(DEV)].float() * 2 + pos.to(DEV)[:, None].float()
+        return PrefillBatch(input_ids=ids.to(DEV) if on_device else ids, positions=pos, table=table), ids, expect
+    return buffers, runner, batch
+
+
+@pytest.mark.parametrize("streams", ["one stream", "two streams"])
+def test_steps_bare_replays_and_eager_steps_queued_behind_a_busy_device(streams):
+    """Nothing synchronised between 12 steps queued behind a busy device: steps replayed in their buckets,
+    steps run eagerly (more tokens than the largest bucket), and bare replays of every graph after every other
+    step (no batch prepared for them: they stage nothing), on one stream or alternating between two: each
+    step's outputs are its own batch's, and after the bare replays behind the last step the buffers hold it."""
+    buffers, runner, make = _toy_runner()
+    sizes = (5, 40, 17, 32, 60, 9, 25, 64, 3, 31, 48, 13)  # (over 32: eager)
+    steps = [make(n, i % 3 == 0) for i, n in enumerate(sizes)]
+    current, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    outs = []
+    torch.cuda._sleep(BUSY)
+    with no_sync():
+        for i, (batch, _, _) in enumerate(steps):
+            with torch.cuda.stream(side if streams == "two streams" and i % 2 else current):
+                outs.append(runner.run(batch, clone=True))
+                if i % 2 == 0 or i == len(steps) - 1:
+                    for graph, _ in runner.graphs.values():
+                        graph.replay()
+    torch.cuda.synchronize()
+    for n, out, (_, _, expect) in zip(sizes, outs, steps):
+        assert torch.equal(out, expect), f"the {n}-token step's outputs are not its batch's"
+    n, (_, ids, expect) = sizes[-1], steps[-1]
+    assert torch.equal(buffers.input_ids[:n].cpu(), ids) and (buffers.input_ids[n:16] == 0).all()
+    assert runner.stats()["eager"] and sum(runner.stats()["replays"].values()) == 8
+    assert buffers.errors[0].item() == 0
+
+
+def test_a_step_run_on_a_new_thread():
+    """``run()`` from a thread that has made no CUDA call yet: the replay's driver calls find no current context
+    there at first (the device's primary context is made current, once), and the step is right."""
+    import threading
+
+    buffers, runner, make = _toy_runner(seed=7)
+    batch, _, expect = make(20, False)
+    got = []
+    thread = threading.Thread(target=lambda: got.append(runner.run(batch, clone=True)))
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert runner.last_bucket == 32 and torch.equal(got[0], expect)
+
+
 def test_slab_views_staged_then_dropped_give_memory_back():
     """200 views of one slab, then 200 slabs of their own: one stager, then at most MAX_STAGERS; all dropped,
     device memory and the stagers (pinned rings) are back where they started."""

@@ -291,7 +291,7 @@ def _capture_check(rank: int) -> dict:
     class Stager:
         params, replays = torch.zeros(1), 0
 
-        def prepare(self, *_):
+        def prepare(self, *_, **__):
             return None
 
         def replay(self, _):
