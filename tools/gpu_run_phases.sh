@@ -44,6 +44,7 @@ for phase in "$@"; do
              tests/runner/test_profile_ranges.py -q -p no:cacheprovider -rfEs ;;
     probe_mem) run probe_mem python3 tools/probe_capture_memory.py --json "$LOG/probe_mem.json" ;;
     probe_launch) run probe_launch python3 tools/probe_graph_launch.py --json "$LOG/probe_launch.json" ;;
+    probe_record) run probe_record python3 tools/probe_replay_record.py --json "$LOG/probe_record.json" ;;
     *) summary+=("$phase: unknown phase") ;;
   esac
 done

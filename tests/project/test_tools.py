@@ -31,6 +31,7 @@ CHECKS = {
     "sanitize_workload.py": "tests/project/test_sanitize_workload.py",  # --small runs to its OK line
     "probe_capture_memory.py": __name__,
     "probe_graph_launch.py": __name__,
+    "probe_replay_record.py": __name__,
     "gpu_full_pass.sh": __name__,
     "gpu_hf.sh": __name__,
     "gpu_run_phases.sh": __name__,
@@ -114,11 +115,12 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def script_runs():
     """``{key: (exit code, stdout, stderr)}`` of every Python script's ``--help`` (key: its name) and of
-    ``probe_capture_memory.py --tokens 64`` (key ``"probe"``) and ``probe_graph_launch.py --nodes 1`` (key
-    ``"launch"``), run where CUDA is hidden."""
+    ``probe_capture_memory.py --tokens 64`` (key ``"probe"``), ``probe_graph_launch.py --nodes 1`` (key
+    ``"launch"``) and ``probe_replay_record.py --tokens 256`` (key ``"record"``), run where CUDA is hidden."""
     calls = [[name, str(TOOLS / name), "--help"] for name in PYTHON]
     calls.append(["probe", str(TOOLS / "probe_capture_memory.py"), "--tokens", "64"])
     calls.append(["launch", str(TOOLS / "probe_graph_launch.py"), "--nodes", "1"])
+    calls.append(["record", str(TOOLS / "probe_replay_record.py"), "--tokens", "256"])
     proc = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(calls)], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -133,7 +135,7 @@ def test_python_script_answers_help(script_runs, name):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what it says without CUDA")
-@pytest.mark.parametrize("key", ["probe", "launch"])
+@pytest.mark.parametrize("key", ["probe", "launch", "record"])
 def test_a_probe_says_it_needs_cuda(script_runs, key):
     code, out, err = script_runs[key]
     assert code != 0 and "needs a CUDA device" in err, out + err
