@@ -329,6 +329,26 @@ def test_host_tier(benchmark, request, between_rounds):
 
 
 # -- a replay's staging against LightLLM's kernel in a hand-captured graph ------------------------------------------
+def peer_graph(ids, mi, table, media, image_table) -> tuple:
+    """``(graph, out)``: LightLLM's kernel staging ``ids`` (media rows where ``mi >= 0``, ``media``'s rows, its
+    image ids past the vocabulary of 1000) into ``out``, then the runner's forward of almost nothing, captured in
+    one graph by hand."""
+    fake = ids.clone()
+    fake[mi >= 0] = 1000 + mi[mi >= 0]
+    out = torch.empty(ids.shape[0], table.shape[1], device=DEV, dtype=BF16)
+
+    def peer():
+        lightllm_style_stage(out, fake, table, media, *image_table)
+        return out[:1] * 2
+
+    peer()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        peer()
+    return graph, out
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", REPLAY_TOKENS)
 @pytest.mark.parametrize("images", [ITEMS, 1])
@@ -351,19 +371,7 @@ def test_replay(benchmark, request, between_rounds, n, images, tables):
     # pinned host memory before each replay, as an engine that builds it on the host each step must
     image_table = torch.stack(image_ranges([per] * images, 1000, DEV))
     host_table = image_table.cpu().pin_memory()
-    fake = ids.clone()
-    fake[mi >= 0] = 1000 + mi[mi >= 0]
-    out = torch.empty(n, width, device=DEV, dtype=BF16)
-
-    def peer():
-        lightllm_style_stage(out, fake, table, items.one, *image_table)
-        return out[:1] * 2
-
-    peer()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        peer()
+    graph, out = peer_graph(ids, mi, table, items.one, image_table)
 
     def reference(_=None):
         if tables == "copied in":

@@ -76,28 +76,15 @@ def build(n: int, images: int, variant: str | None):
     """``run``: one replay step of ``variant``'s runner (None: LightLLM's graph), over fresh buffers."""
     import slabstage as ss
     from slabstage.staging.stager import Stager
-    from bench_encoder_cache import Items, media_index, stage_inputs
-    from peer_lightllm import image_ranges, lightllm_style_stage
+    from bench_encoder_cache import Items, media_index, peer_graph, stage_inputs
+    from peer_lightllm import image_ranges
     width, rows = 4096, n // 2
     per = rows // images
     ids, table, _, _ = stage_inputs(n, width, seed=3)
     mi = media_index(n, rows, runs=images).to("cuda")
     items = Items(per, width, count=images)
     if variant is None:
-        fake = ids.clone()
-        fake[mi >= 0] = 1000 + mi[mi >= 0]
-        out = torch.empty(n, width, device="cuda", dtype=torch.bfloat16)
-        image_table = torch.stack(image_ranges([per] * images, 1000, "cuda"))
-
-        def peer():
-            lightllm_style_stage(out, fake, table, items.one, *image_table)
-            return out[:1] * 2
-        peer()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            peer()
-        return graph.replay
+        return peer_graph(ids, mi, table, items.one, torch.stack(image_ranges([per] * images, 1000, "cuda")))[0].replay
     buffers = ss.StagingBuffers.allocate(max_num_tokens=n, max_batch_size=4, embed_width=width,
                                          embed_dtype=torch.bfloat16, device="cuda")
     stager = Stager.for_buffers(buffers, embed=True)
@@ -147,14 +134,14 @@ def main(argv=None) -> int:
             for k, t in times.items():
                 rows.append(dict(tokens=n, images=images, case=k, device_us=statistics.median(t),
                                  ratio=statistics.median(t) / ref))
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    machine = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda)
+    print(", ".join(f"{k} {v}" for k, v in machine.items()), f"medians of {args.rounds} rounds")
     print(f"{'tokens':>6} {'images':>6} {'case':>9} {'device µs':>9} {'/ LightLLM':>10}")
     for r in rows:
         print(f"{r['tokens']:>6} {r['images']:>6} {r['case']:>9} {r['device_us']:>9.1f} {r['ratio']:>10.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-                           rounds=args.rounds, rows=rows), f, indent=1)
+            json.dump(dict(machine, rounds=args.rounds, variants=args.variants, rows=rows), f, indent=1)
     return 0
 
 
