@@ -53,8 +53,7 @@ except ImportError:  # pragma: no cover - a torch without CUDA
 def capture_stream(device: torch.device, use: str = "capture") -> torch.cuda.Stream:
     """A side stream of ``device``, one per use: ``"capture"``, the one the runner captures on (cuBLAS keeps a
     workspace per stream it has run on, 32 MiB on Hopper, so a fresh stream per capture would cost one more each
-    time); ``"branch"``, a graph's branch beside its forward; ``"copy"``, what a replay's parameter record is
-    copied on."""
+    time); ``"branch"``, a graph's branch beside its forward (used while capturing only)."""
     stream = _STREAMS.get((device, use))
     if stream is None:
         stream = _STREAMS[(device, use)] = torch.cuda.Stream(device)
@@ -368,7 +367,9 @@ class Stager:
         if self._events is None:
             self._events = (driver.Event(self._index), driver.Event(self._index))
             self._held_events.extend(self._events)
-            self._copy_raw = capture_stream(self.dst.device, "copy").cuda_stream
+            # (a copy stream of its own: a shared one would make one runner's copy wait for another's graphs)
+            self._copy_stream = torch.cuda.Stream(self.dst.device)
+            self._copy_raw = self._copy_stream.cuda_stream
         self._kernel(max(self._grid(pad_to), 1), self.graph_params)
         branch = capture_stream(self.dst.device, "branch")
         branch.wait_stream(torch.cuda.current_stream(self._index))
