@@ -78,8 +78,8 @@ class EncoderCache:
         self.tiers: list = []  # per slot: DEVICE, HOST or _FREE
         self.ats: list = []  # per slot: its first row in its tier's arena
         self.lens: list = []  # per slot: its rows
-        self.addrs: list = []  # per slot: the address of its first row
-        self.quads: list = []  # per slot: its item fields in a parameter record (address, row stride, 0, width)
+        self.quads: list = []  # per slot: its item fields in a parameter record (first row's address, row stride, 0,
+        # width)
         self.fits = None  # (device, slab width, text width, expand): the last destinations staging checked it for
         self.handles: list = []  # per slot: the handle of its whole entry (made once a generation: a hit is a lookup)
         self._spare: list = []  # free slots
@@ -247,40 +247,34 @@ class EncoderCache:
     # -- staging ---------------------------------------------------------------------------
     def locate(self, entries) -> tuple:
         """``(starts, fields, rows, slots)`` of ``entries``, a list or tuple of :class:`Entry` (nothing else), for the
-        parameter record's item list: each
-        item's first media row, per item ``(address, row stride, 0, width)``, the rows in all, the entries read. Raises
-        :class:`StaleEntryError` for a handle whose entry is gone, ``ValueError`` for one of another cache."""
-        try:  # (the common case: each the handle put/get hand out for its slot now, whole and live; entries is a
-            # list of handles: those are compared the first, by identity, then as tuples)
+        parameter record's item list: each item's first media row, per item ``(address, row stride, 0, width)``,
+        the rows in all, the entries read. Raises :class:`StaleEntryError` for a handle whose entry is gone,
+        ``ValueError`` for one of another cache."""
+        try:  # (each the handle put/get hand out for its slot now, whole and live: nothing more to check; a list
+            # of handles compares them by identity first, then as tuples)
             slots = list(map(_SLOT, entries))
             current = list(map(self.handles.__getitem__, slots)) == entries
         except (TypeError, IndexError):
             current = False
-        if not current:
-            return self._locate_checked(entries)
+        firsts = None
+        if current:
+            rows = map(self.lens.__getitem__, slots)
+        else:  # parts of entries, or stale or edited handles
+            caches, slots, gens, firsts, rows = zip(*entries)
+            if caches.count(self) != len(caches):
+                i = next(i for i, c in enumerate(caches) if c is not self)
+                raise ValueError(f"media item {i} is an entry of another EncoderCache: a batch's entries come from "
+                                 f"one")
+            self._check_handles(entries, slots, gens, firsts, rows)
+            slots = list(slots)
         if self._written:
             self._after_writes(slots)
         fields = list(chain.from_iterable(map(self.quads.__getitem__, slots)))
-        starts = list(accumulate(map(self.lens.__getitem__, slots), initial=0))
-        return starts, fields, starts.pop(), slots
-
-    def _locate_checked(self, entries) -> tuple:
-        """:meth:`locate` of handles that are not all whole current ones: parts, or stale or edited handles."""
-        caches, slots, gens, firsts, rows = zip(*entries)
-        if caches.count(self) != len(caches):
-            i = next(i for i, c in enumerate(caches) if c is not self)
-            raise ValueError(f"media item {i} is an entry of another EncoderCache: a batch's entries come from one")
-        self._check_handles(entries, slots, gens, firsts, rows)
-        if self._written:
-            self._after_writes(slots)
-        n, addrs = len(slots), list(map(self.addrs.__getitem__, slots))
-        if firsts.count(0) != n:  # parts of entries: their first rows
+        if firsts is not None and firsts.count(0) != len(firsts):  # parts of entries: their first rows
             rb = self.row_bytes
-            addrs = [a + f * rb for a, f in zip(addrs, firsts)]
-        fields = [self.width] * (4 * n)
-        fields[0::4], fields[2::4] = addrs, [0] * n
+            fields[0::4] = [a + f * rb for a, f in zip(fields[0::4], firsts)]
         starts = list(accumulate(rows, initial=0))
-        return starts, fields, starts.pop(), list(slots)
+        return starts, fields, starts.pop(), slots
 
     def spans(self) -> list:
         """``(name, first byte, end byte)`` of the arenas (what a staging call checks its destinations against;
@@ -332,13 +326,12 @@ class EncoderCache:
         slot = self._spare.pop() if self._spare else len(self.gens)
         if slot == len(self.gens):
             for col, v in ((self.keys, None), (self.gens, 0), (self.tiers, _FREE), (self.ats, 0), (self.lens, 0),
-                           (self.addrs, 0), (self.quads, None), (self.handles, None)):
+                           (self.quads, None), (self.handles, None)):
                 col.append(v)
             self.reads.grow(slot + 1)
             self.writes.grow(slot + 1)
         self.keys[slot], self.tiers[slot], self.ats[slot], self.lens[slot] = key, DEVICE, at, rows
-        self.addrs[slot] = self.bases[DEVICE] + at * self.row_bytes
-        self.quads[slot] = (self.addrs[slot], self.width, 0, self.width)
+        self.quads[slot] = (self.bases[DEVICE] + at * self.row_bytes, self.width, 0, self.width)
         self.gens[slot] += 1
         self._slot_of[key] = slot
         self.lru[DEVICE][slot] = None
@@ -402,8 +395,7 @@ class EncoderCache:
             stream = torch.cuda.current_stream(self.device)
             self._written[slot] = (stream.record_event(), stream.cuda_stream)
         self.tiers[slot], self.ats[slot] = HOST, at
-        self.addrs[slot] = self.bases[HOST] + at * self.row_bytes
-        self.quads[slot] = (self.addrs[slot], self.width, 0, self.width)
+        self.quads[slot] = (self.bases[HOST] + at * self.row_bytes, self.width, 0, self.width)
         self.lru[HOST][slot] = None
 
     def _drop(self, slot: int) -> None:
