@@ -198,6 +198,31 @@ def test_steps_bare_replays_and_eager_steps_queued_behind_a_busy_device(streams)
     assert buffers.errors[0].item() == 0
 
 
+def test_two_runners_of_one_layout_on_two_streams_busy_device():
+    """Two runners over buffers allocated alike, each on a stream of its own behind a busy device, 10 steps
+    each queued without a sync: every step's outputs are its own runner's batch (each stager copies its records
+    on its own stream, into its own graphs' record)."""
+    runs = [_toy_runner(seed=8), _toy_runner(seed=9)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    sizes = (5, 30, 17, 9, 32, 12, 25, 3, 16, 28)
+    steps = [[make(n, i % 2 == 0) for i, n in enumerate(sizes)] for _, _, make in runs]
+    torch.cuda.synchronize()
+    outs = [[], []]
+    with no_sync():
+        for s in streams:
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(BUSY)
+        for i in range(len(sizes)):
+            for r, ((_, runner, _), stream) in enumerate(zip(runs, streams)):
+                with torch.cuda.stream(stream):
+                    outs[r].append(runner.run(steps[r][i][0], clone=True))
+    torch.cuda.synchronize()
+    for r in range(2):
+        for n, out, (_, _, expect) in zip(sizes, outs[r], steps[r]):
+            assert torch.equal(out, expect), f"runner {r}, the {n}-token step's outputs are not its batch's"
+        assert runs[r][0].errors[0].item() == 0
+
+
 def test_a_step_run_on_a_new_thread():
     """``run()`` from a thread that has made no CUDA call yet: the replay's driver calls find no current context
     there at first (the device's primary context is made current, once), and the step is right."""
