@@ -367,7 +367,8 @@ class Stager:
         if self._events is None:
             self._events = (driver.Event(self._index), driver.Event(self._index))
             self._held_events.extend(self._events)
-            # (a copy stream of its own: a shared one would make one runner's copy wait for another's graphs)
+            # (a copy stream for each stager, from torch's pool, which hands its 32 streams out in turn: one side
+            # stream for the device would make one runner's copy wait for another's graphs)
             self._copy_stream = torch.cuda.Stream(self.dst.device)
             self._copy_raw = self._copy_stream.cuda_stream
         self._kernel(max(self._grid(pad_to), 1), self.graph_params)
