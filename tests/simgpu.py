@@ -10,7 +10,7 @@ import torch
 
 from slabstage.cache import EncoderCache, reads as reads_mod
 
-_copy = torch._C.TensorBase.copy_
+_copy, _zero = torch._C.TensorBase.copy_, torch._C.TensorBase.zero_
 
 
 class SimStream:
@@ -83,17 +83,21 @@ def simulated_gpu():
         SIM["now"].enqueue(lambda: _copy(dst, src))
         return dst
 
+    def zero_(t):  # as a kernel: queued on the current stream
+        SIM["now"].enqueue(lambda: _zero(t))
+        return t
+
     saved = (reads_mod.torch.cuda.Event, torch.cuda.current_stream, torch.cuda.is_current_stream_capturing,
-             torch.Tensor.copy_)
+             torch.Tensor.copy_, torch.Tensor.zero_)
     reads_mod.torch.cuda.Event = SimEvent
     torch.cuda.current_stream = lambda device=None: SIM["now"]
     torch.cuda.is_current_stream_capturing = lambda: False
-    torch.Tensor.copy_ = copy_
+    torch.Tensor.copy_, torch.Tensor.zero_ = copy_, zero_
     try:
         yield SIM
     finally:
         (reads_mod.torch.cuda.Event, torch.cuda.current_stream, torch.cuda.is_current_stream_capturing,
-         torch.Tensor.copy_) = saved
+         torch.Tensor.copy_, torch.Tensor.zero_) = saved
 
 
 def cuda_like(rows: int, host_rows: int, width: int = 4) -> EncoderCache:
