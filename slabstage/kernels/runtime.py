@@ -22,6 +22,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # to fp32 and casts bf16 -> fp16 through integers; the kernels then cast by bits so that CPU runs
 # match torch bit for bit.
 SOFT_CASTS = INTERPRET
+# Cache hints by inline PTX: on CUDA, not under the interpreter (SLABSTAGE_PREFETCH=0: none, to measure them).
+PREFETCH = not INTERPRET and os.environ.get("SLABSTAGE_PREFETCH", "1") != "0"
 
 if HAS_TRITON:
 
@@ -57,8 +59,17 @@ if HAS_TRITON:
             half = tl.where(y != y, 0x7FC0, bits >> 16).to(tl.uint16)
             return half.to(tl.bfloat16, bitcast=True)
         return y.to(DST)
+    @triton.jit
+    def prefetch(ptrs, ON: tl.constexpr):
+        """Ask the SM's L1 cache for the lines at ``ptrs`` and go on (``prefetch.global.L1``: no value comes
+        back, no fault is raised, nothing waits for it): a later load of those lines finds them there or on their
+        way rather than starting its own trip to memory. ``ON`` false (the interpreter, which has no inline
+        assembly): nothing."""
+        if ON:
+            tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                      is_pure=False, pack=1)
 else:  # pragma: no cover
-    Constant = cast_to = None
+    Constant = cast_to = prefetch = None
 
 
 try:  # programmatic dependent launch (triton 3.4 and later)

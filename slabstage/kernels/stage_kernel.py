@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .layout import TOKEN_ROWS, device as K
 from .embed_rows import media_row, media_row_vec, text_row
-from .runtime import gdc_wait, next_pow2, row_launch_config, tl, triton
+from .runtime import gdc_wait, next_pow2, prefetch, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
 __all__ = ["stage_kernel", "launch_settings", "grid_size"]
@@ -56,6 +56,10 @@ if triton is not None:
         tl.static_assert(_KEY >= 0)  # (reads the layout constants' checksum: see slabstage.kernels.layout)
         if PDL:  # launched before the work ahead of it completes (the record's copy): wait for it first
             gdc_wait()
+        # the record's first lines asked for at once, beside the header's trip to memory: the slots' descriptors,
+        # the item list and its column blocks' fields then come from L1 after the header, not each after a trip
+        # of its own (a media row's chain: header, its index, its item's fields, its row)
+        prefetch(params_ptr + tl.arange(0, K.PREFETCH_LINES) * 16, K.PREFETCH)
         pid = tl.program_id(0)
         fresh = tl.load(params_ptr + K.H_LIVE)  # 1; 0: a replay with no record of its own, which writes nothing
         n = tl.load(params_ptr + K.H_N) * fresh
