@@ -64,6 +64,7 @@ if triton is not None:
         fresh = tl.load(params_ptr + K.H_LIVE)  # 1; 0: a replay with no record of its own, which writes nothing
         n = tl.load(params_ptr + K.H_N) * fresh
         pad_to = tl.load(params_ptr + K.H_PAD_TO) * fresh  # rows past it are left alone: a grid may cover more
+        ticket = tl.load(params_ptr + K.H_TICKET)  # (a graph's record: see slabstage.kernels.layout, H_TICKET)
         if pid == 0:
             if fresh != 0:  # the step's ring slot has been copied and read: the host may write it again
                 tl.store(tl.load(params_ptr + K.H_DONE).to(tl.pointer_type(tl.int64)), tl.load(params_ptr + K.H_STEP))
@@ -187,10 +188,11 @@ if triton is not None:
                 else:  # padding, a bad or another rank's id, a bad media index, media another rank owns
                     tl.store(dst + cols, tl.zeros((BLOCK,), OUT), mask=col_ok)
 
-        ticket = tl.load(params_ptr + K.H_TICKET)  # (a graph's record: see slabstage.kernels.layout, H_TICKET)
         if ticket != 0:
+            # relaxed: no fence, so the count waits for no store of this program. The one record word a launch
+            # writes is H_LIVE, and every program has read it before it counts (its value decided branches above)
             ticket_ptr = ticket.to(tl.pointer_type(tl.int32))
-            if tl.atomic_add(ticket_ptr, 1) == tl.num_programs(0) - 1:  # (acq_rel: after this program's reads)
+            if tl.atomic_add(ticket_ptr, 1, sem="relaxed") == tl.num_programs(0) - 1:
                 tl.store(params_ptr + K.H_LIVE, 0)
                 tl.store(ticket_ptr, 0)
 else:  # pragma: no cover
