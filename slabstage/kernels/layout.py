@@ -34,9 +34,9 @@ __all__ = ["HEADER_WORDS", "MAX_ITEM_WORDS", "SOURCE_WORDS", "DEST_WORDS", "INT_
  H_TICKET) = range(27)
 HEADER_WORDS = 32
 # H_LIVE: 1 in every record the host writes. H_TICKET: 0, or in a record for a graph's replay the address of an
-# int32 word that counts the launch's programs done: the last one to finish (every read of the record behind it)
-# clears the record's H_LIVE, so that a replay with no record copied in for it (a bare graph.replay()) writes
-# nothing, and the count goes back to 0
+# int32 word that counts the launch's programs: each counts once it has read H_LIVE (the one record word a launch
+# writes), and the last to count clears H_LIVE, so that a replay with no record copied in for it (a bare
+# graph.replay()) writes nothing, and puts the count back to 0
 
 # switches in H_FLAGS
 F_SCALE = 1  # multiply text rows by text_scale (in fp32)
@@ -95,6 +95,7 @@ SEGMENT_WORDS = 8
 INTERVAL_INT, INTERVAL_F32, INTERVAL_F64 = 0, 1, 2
 SOFT_CASTS = runtime.SOFT_CASTS  # (the interpreter's casts: see slabstage.kernels.runtime)
 PREFETCH = runtime.PREFETCH  # (cache hints: see slabstage.kernels.runtime.prefetch)
+PTX = runtime.PTX  # (inline PTX: the ticket's count_in / count_out; the interpreter has none)
 PREFETCH_LINES = 32  # 128-byte lines at the start of a parameter record each program prefetches (4 KiB: every
 # record is longer, MAX_ITEM_WORDS alone being 128 KiB)
 

@@ -22,8 +22,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # to fp32 and casts bf16 -> fp16 through integers; the kernels then cast by bits so that CPU runs
 # match torch bit for bit.
 SOFT_CASTS = INTERPRET
-# Cache hints by inline PTX: on CUDA, not under the interpreter (SLABSTAGE_PREFETCH=0: none, to measure them).
-PREFETCH = not INTERPRET and os.environ.get("SLABSTAGE_PREFETCH", "1") != "0"
+# Inline PTX: on CUDA, not under the interpreter. SLABSTAGE_PREFETCH=0: no cache hints (to measure them).
+PTX = not INTERPRET
+PREFETCH = PTX and os.environ.get("SLABSTAGE_PREFETCH", "1") != "0"
 
 if HAS_TRITON:
 
@@ -68,8 +69,44 @@ if HAS_TRITON:
         if ON:
             tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                                       is_pure=False, pack=1)
+
+    # A count of a launch's programs, taken early and read late (inline PTX, thread 0 of each program): the
+    # count's trip to L2 runs beside the program's work rather than after it, and its result stays in thread
+    # 0's register (no broadcast through shared memory, no barrier). The interpreter counts at the end instead.
+
+    @triton.jit
+    def count_in(counter, after):
+        """Thread 0 adds 1 to the int32 at address ``counter`` (relaxed, GPU scope; nothing when ``counter`` is
+        0) once ``after`` has arrived (a loaded value the count must follow: its register is an operand), and
+        gets the count before; the other threads get -1. Nothing waits for the count until it is used."""
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .pred p, q;
+            .reg .u32 t;
+            mov.u32 t, %tid.x;
+            setp.eq.u32 p, t, 0;
+            setp.ne.u64 q, $1, 0;
+            and.pred p, p, q;
+            setp.ne.s64 q, $2, -9223372036854775808;
+            and.pred p, p, q;
+            mov.u32 $0, -1;
+            @p atom.global.relaxed.gpu.add.u32 $0, [$1], 1;
+            }""", "=r,l,l", [counter, after], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def count_out(count, last, word, counter):
+        """Where :func:`count_in` gave ``last`` (thread 0 of the last program to count): store 0 into the int64 at
+        address ``word`` and put the counter back to 0."""
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .pred p;
+            setp.eq.s32 p, $1, $2;
+            @p st.global.u64 [$3], 0;
+            @p st.global.u32 [$4], 0;
+            mov.u32 $0, 0;
+            }""", "=r,r,r,l,l", [count, last, word, counter], dtype=tl.int32, is_pure=False, pack=1)
 else:  # pragma: no cover
-    Constant = cast_to = prefetch = None
+    Constant = cast_to = prefetch = count_in = count_out = None
 
 
 try:  # programmatic dependent launch (triton 3.4 and later)

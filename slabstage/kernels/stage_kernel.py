@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .layout import TOKEN_ROWS, device as K
 from .embed_rows import media_row, media_row_vec, text_row
-from .runtime import gdc_wait, next_pow2, prefetch, row_launch_config, tl, triton
+from .runtime import count_in, count_out, gdc_wait, next_pow2, prefetch, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
 __all__ = ["stage_kernel", "launch_settings", "grid_size"]
@@ -65,6 +65,8 @@ if triton is not None:
         n = tl.load(params_ptr + K.H_N) * fresh
         pad_to = tl.load(params_ptr + K.H_PAD_TO) * fresh  # rows past it are left alone: a grid may cover more
         ticket = tl.load(params_ptr + K.H_TICKET)  # (a graph's record: see slabstage.kernels.layout, H_TICKET)
+        if K.PTX:  # the count taken now, once H_LIVE is read (its register an operand), read at the end
+            counted = count_in(ticket, fresh)
         if pid == 0:
             if fresh != 0:  # the step's ring slot has been copied and read: the host may write it again
                 tl.store(tl.load(params_ptr + K.H_DONE).to(tl.pointer_type(tl.int64)), tl.load(params_ptr + K.H_STEP))
@@ -188,12 +190,15 @@ if triton is not None:
                 else:  # padding, a bad or another rank's id, a bad media index, media another rank owns
                     tl.store(dst + cols, tl.zeros((BLOCK,), OUT), mask=col_ok)
 
+        # The ticket: the one record word a launch writes is H_LIVE, so a program may count once it has read
+        # H_LIVE, and the count is relaxed (no fence: nothing waits for this program's stores)
         if ticket != 0:
-            # relaxed: no fence, so the count waits for no store of this program. The one record word a launch
-            # writes is H_LIVE, and every program has read it before it counts (its value decided branches above)
-            ticket_ptr = ticket.to(tl.pointer_type(tl.int32))
-            if tl.atomic_add(ticket_ptr, 1, sem="relaxed") == tl.num_programs(0) - 1:
-                tl.store(params_ptr + K.H_LIVE, 0)
-                tl.store(ticket_ptr, 0)
+            if K.PTX:
+                count_out(counted, tl.num_programs(0) - 1, (params_ptr + K.H_LIVE).to(tl.int64), ticket)
+            else:
+                ticket_ptr = ticket.to(tl.pointer_type(tl.int32))
+                if tl.atomic_add(ticket_ptr, 1, sem="relaxed") == tl.num_programs(0) - 1:
+                    tl.store(params_ptr + K.H_LIVE, 0)
+                    tl.store(ticket_ptr, 0)
 else:  # pragma: no cover
     stage_kernel = None
