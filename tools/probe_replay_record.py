@@ -12,10 +12,16 @@ variants, each its own buffers and runner captured in this process (their stager
             record again: a variant for measuring only);
   nobranch  graphs without the branch: the next copy waits for an event recorded after the whole graph;
   both      noticket and nobranch;
-  instream  the record copied on the replay's own stream right before ``graph.replay()``, no events.
+  instream  the record copied on the replay's own stream right before ``graph.replay()``, no events;
+  memset    no ticket: a memset node on the graph's branch clears H_LIVE after the kernel, before the event;
+  devdone   main, but program 0 reports the step into a device word rather than the ring's pinned one (a
+            store across PCIe in every launch; the ring then never waits: the probe syncs every round).
 
-Device time of ``run()`` (CUDA events around it, behind a 256 MiB L2 flush and a 2 ms device sleep: the suites'
-method), medians of ``--rounds``, every case alternated round by round. Prints a table; ``--json`` keeps it.
+``SLABSTAGE_PREFETCH=0`` in the environment runs every variant without the kernel's L1 prefetch of the record.
+
+Each variant's rows are first checked against LightLLM's (``equal``). Device time of ``run()`` (CUDA events
+around it, behind a 256 MiB L2 flush and a 2 ms device sleep: the suites' method), medians of ``--rounds``,
+every case alternated round by round. Prints a table; ``--json`` keeps it.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import types
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = ("main", "noticket", "nobranch", "both", "instream")
+VARIANTS = ("main", "noticket", "nobranch", "both", "instream", "memset", "devdone")
 
 
 def _patch(stager, variant: str) -> None:
@@ -38,13 +44,38 @@ def _patch(stager, variant: str) -> None:
     from slabstage.staging import driver
     from slabstage.staging.stager import capture_stream
     lib, index = driver.calls(), stager._index
-    if variant in ("noticket", "both"):
+    if variant in ("noticket", "both", "memset"):
         stager._ticket = 0
-    if variant in ("main", "noticket"):
+    if variant == "devdone":
+        ring, word = stager.ring, torch.zeros(2, dtype=torch.int64, device=stager.dst.device)
+        stager._held_events.append(word)  # (kept with the stager)
+        ring.done_addr = word.data_ptr()
+
+        def take():
+            step = ring.step + 1
+            return step, (step % ring.k) * ring.slot_words
+        ring.take = take
+    if variant in ("main", "noticket", "devdone"):
         return
-    stager._events = (driver.Event(index), driver.Event(index))  # (what the first record() would make)
+    # what the first record() would make: the graphs' events and the copy stream
+    stager._events = (driver.Event(index), driver.Event(index))
     stager._held_events.extend(stager._events)
-    stager._copy_raw = capture_stream(stager.dst.device, "copy").cuda_stream
+    stager._copy_stream = torch.cuda.Stream(stager.dst.device)
+    stager._copy_raw = stager._copy_stream.cuda_stream
+    if variant == "memset":
+        from slabstage.kernels.layout import H_LIVE
+
+        def record(self, pad_to):  # the branch: H_LIVE cleared, then the event (end_record() joins it)
+            self._kernel(max(self._grid(pad_to), 1), self.graph_params)
+            branch = capture_stream(self.dst.device, "branch")
+            branch.wait_stream(torch.cuda.current_stream(index))
+            with torch.cuda.stream(branch):
+                self.graph_params[H_LIVE:H_LIVE + 1].zero_()
+            r = lib.record_external(self._events[0].handle, branch.cuda_stream)
+            if r:
+                driver.fail(r, "probe: the branch's event", index, True)
+        stager.record = types.MethodType(record, stager)
+        return
     original_replay = stager.replay
 
     def record(self, pad_to):  # the kernel alone: no branch to join
@@ -73,7 +104,8 @@ def _patch(stager, variant: str) -> None:
 
 
 def build(n: int, images: int, variant: str | None):
-    """``run``: one replay step of ``variant``'s runner (None: LightLLM's graph), over fresh buffers."""
+    """``(run, out)``: one replay step of ``variant``'s runner (None: LightLLM's graph) over fresh buffers, and the
+    rows it stages."""
     import slabstage as ss
     from slabstage.staging.stager import Stager
     from bench_encoder_cache import Items, media_index, peer_graph, stage_inputs
@@ -84,7 +116,8 @@ def build(n: int, images: int, variant: str | None):
     mi = media_index(n, rows, runs=images).to("cuda")
     items = Items(per, width, count=images)
     if variant is None:
-        return peer_graph(ids, mi, table, items.one, torch.stack(image_ranges([per] * images, 1000, "cuda")))[0].replay
+        graph, out = peer_graph(ids, mi, table, items.one, torch.stack(image_ranges([per] * images, 1000, "cuda")))
+        return graph.replay, out
     buffers = ss.StagingBuffers.allocate(max_num_tokens=n, max_batch_size=4, embed_width=width,
                                          embed_dtype=torch.bfloat16, device="cuda")
     stager = Stager.for_buffers(buffers, embed=True)
@@ -98,7 +131,7 @@ def build(n: int, images: int, variant: str | None):
     runner.run(batch)
     if runner.last_bucket != n:
         raise RuntimeError(f"probe: {variant} did not replay ({runner.last_fallback})")
-    return lambda: runner.run(batch)
+    return (lambda: runner.run(batch)), buffers.input_embeds[:n]
 
 
 def main(argv=None) -> int:
@@ -116,8 +149,14 @@ def main(argv=None) -> int:
     rows = []
     for n in args.tokens:
         for images in args.images:
-            cases = {v: build(n, images, v) for v in args.variants}
-            cases["lightllm"] = build(n, images, None)
+            built = {v: build(n, images, v) for v in args.variants}
+            built["lightllm"] = build(n, images, None)
+            cases = {k: fn for k, (fn, _) in built.items()}
+            for fn, out in built.values():  # (each variant stages what LightLLM's kernel does)
+                out.fill_(float("nan"))
+                fn()
+            torch.cuda.synchronize()
+            equal = {k: bool(torch.equal(out, built["lightllm"][1])) for k, (_, out) in built.items()}
             times: dict = {k: [] for k in cases}
             for r in range(10 + args.rounds):
                 for k, fn in cases.items():
@@ -133,12 +172,13 @@ def main(argv=None) -> int:
             ref = statistics.median(times["lightllm"])
             for k, t in times.items():
                 rows.append(dict(tokens=n, images=images, case=k, device_us=statistics.median(t),
-                                 ratio=statistics.median(t) / ref))
+                                 ratio=statistics.median(t) / ref, equal=equal[k]))
     machine = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda)
     print(", ".join(f"{k} {v}" for k, v in machine.items()), f"medians of {args.rounds} rounds")
-    print(f"{'tokens':>6} {'images':>6} {'case':>9} {'device µs':>9} {'/ LightLLM':>10}")
+    print(f"{'tokens':>6} {'images':>6} {'case':>9} {'device µs':>9} {'/ LightLLM':>10} {'equal':>5}")
     for r in rows:
-        print(f"{r['tokens']:>6} {r['images']:>6} {r['case']:>9} {r['device_us']:>9.1f} {r['ratio']:>10.2f}")
+        print(f"{r['tokens']:>6} {r['images']:>6} {r['case']:>9} {r['device_us']:>9.1f} {r['ratio']:>10.2f} "
+              f"{'yes' if r['equal'] else 'NO':>5}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine, rounds=args.rounds, variants=args.variants, rows=rows), f, indent=1)
