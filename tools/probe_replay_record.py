@@ -14,6 +14,9 @@ variants, each its own buffers and runner captured in this process (their stager
   both      noticket and nobranch;
   instream  the record copied on the replay's own stream right before ``graph.replay()``, no events;
   memset    no ticket: a memset node on the graph's branch clears H_LIVE after the kernel, before the event;
+  waitnode  main, but the graph begins with a node that waits for the copy's event (an external event-wait
+            node), in place of the replay's stream waiting for it before ``graph.replay()`` (three driver
+            calls a replay, not four);
   devdone   main, but program 0 reports the step into a device word rather than the ring's pinned one (a
             store across PCIe in every launch; the ring then never waits: the probe syncs every round).
 
@@ -36,7 +39,7 @@ import types
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = ("main", "noticket", "nobranch", "both", "instream", "memset", "devdone")
+VARIANTS = ("main", "noticket", "nobranch", "both", "instream", "memset", "devdone", "waitnode")
 
 
 def _patch(stager, variant: str) -> None:
@@ -75,6 +78,31 @@ def _patch(stager, variant: str) -> None:
             if r:
                 driver.fail(r, "probe: the branch's event", index, True)
         stager.record = types.MethodType(record, stager)
+        return
+    if variant == "waitnode":
+        original_record = stager.record
+
+        def record(self, pad_to):  # an external event-wait node first: the graph waits for the copy itself
+            r = lib._wait(torch.cuda.current_stream(index).cuda_stream, self._events[1].handle, 1)
+            if r:
+                driver.fail(r, "probe: the graph's wait node", index, True)
+            original_record(pad_to)
+
+        def replay(self, graph):
+            step, at, words, _ = self._pending
+            self._order()
+            read, copied = self._events
+            r = (lib.wait(self._copy_raw, read.handle)
+                 | lib.copy_in(self._graph_base, self.ring.base + 8 * at, 8 * words, self._copy_raw)
+                 | lib.record(copied.handle, self._copy_raw))
+            if r:
+                driver.fail(r, "probe: the copy", index, True)
+            graph.replay()
+            self.ring.commit(step)
+            self._pending = (0, 0, 0, False)
+            self._note_reads()
+        stager.record = types.MethodType(record, stager)
+        stager.replay = types.MethodType(replay, stager)
         return
     original_replay = stager.replay
 
