@@ -10,7 +10,9 @@ block), program ``i`` of them writing rows ``[(i // NUM_SLOTS) * TOKEN_ROWS, ...
 (the first block's also the per-request slots and the token count); then, with ``EMBED``, ``pad_to *
 ROW_PROGRAMS`` programs, one per ``BLOCK`` columns of a slab row (programs past them write nothing). A slot's
 chain of dependent loads runs in a program of its own, in the launch's first wave, beside the slab rows' rather
-than before one of them. Program 0 stores the step number into the ring's ``done`` word.
+than before one of them. Program 0 stores the step number into the ring's ``done`` word. Every program first
+asks L1 for the record's first ``PREFETCH_LINES`` lines (the header's trip brings the rest of what it reads
+there), and in a graph's record counts itself on the ticket (``H_TICKET``) once it has read ``H_LIVE``.
 
 Registers decide the speed: the kernel's registers are those of its largest arm, so the arm without the host's
 16-byte promise (``F_TEXT_VEC``, ``F_MEDIA_VEC``: one address per element) walks its piece ``PIECE`` columns at
