@@ -88,19 +88,11 @@ def _patch(stager, variant: str) -> None:
                 driver.fail(r, "probe: the graph's wait node", index, True)
             original_record(pad_to)
 
-        def replay(self, graph):
-            step, at, words, _ = self._pending
-            self._order()
-            read, copied = self._events
-            r = (lib.wait(self._copy_raw, read.handle)
-                 | lib.copy_in(self._graph_base, self.ring.base + 8 * at, 8 * words, self._copy_raw)
-                 | lib.record(copied.handle, self._copy_raw))
-            if r:
-                driver.fail(r, "probe: the copy", index, True)
-            graph.replay()
-            self.ring.commit(step)
-            self._pending = (0, 0, 0, False)
-            self._note_reads()
+        def replay(self, graph):  # the side copy, no wait on the replay's stream
+            _replay_after(self, graph, lambda src, words: (
+                lib.wait(self._copy_raw, self._events[0].handle)
+                | lib.copy_in(self._graph_base, src, words, self._copy_raw)
+                | lib.record(self._events[1].handle, self._copy_raw)))
         stager.record = types.MethodType(record, stager)
         stager.replay = types.MethodType(replay, stager)
         return
@@ -111,15 +103,7 @@ def _patch(stager, variant: str) -> None:
 
     def replay(self, graph):
         if variant == "instream":
-            step, at, words, _ = self._pending
-            self._order()
-            r = lib.copy_in(self._graph_base, self.ring.base + 8 * at, 8 * words, self._where[0])
-            if r:
-                driver.fail(r, "probe: the in-stream copy", index, True)
-            graph.replay()
-            self.ring.commit(step)
-            self._pending = (0, 0, 0, False)
-            self._note_reads()
+            _replay_after(self, graph, lambda src, words: lib.copy_in(self._graph_base, src, words, self._where[0]))
             return
         original_replay(graph)
         r = lib.record(self._events[0].handle, self._where[0])  # (the next copy waits for the whole graph)
@@ -129,6 +113,20 @@ def _patch(stager, variant: str) -> None:
     stager.record = types.MethodType(record, stager)
     stager.end_record = types.MethodType(lambda self: None, stager)
     stager.replay = types.MethodType(replay, stager)
+
+
+def _replay_after(stager, graph, queue) -> None:
+    """Replay ``graph`` after ``queue(source address, bytes)`` queued the prepared record's copy (a CUresult)."""
+    from slabstage.staging import driver
+    step, at, words, _ = stager._pending
+    stager._order()
+    r = queue(stager.ring.base + 8 * at, 8 * words)
+    if r:
+        driver.fail(r, "probe: the record's copy", stager._index, True)
+    graph.replay()
+    stager.ring.commit(step)
+    stager._pending = (0, 0, 0, False)
+    stager._note_reads()
 
 
 def build(n: int, images: int, variant: str | None):
