@@ -60,6 +60,7 @@ if HAS_TRITON:
             half = tl.where(y != y, 0x7FC0, bits >> 16).to(tl.uint16)
             return half.to(tl.bfloat16, bitcast=True)
         return y.to(DST)
+
     @triton.jit
     def prefetch(ptrs, ON: tl.constexpr):
         """Ask the SM's L1 cache for the lines at ``ptrs`` and go on (``prefetch.global.L1``: no value comes

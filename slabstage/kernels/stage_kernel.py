@@ -60,7 +60,7 @@ if triton is not None:
             gdc_wait()
         # the record's first lines asked for at once, beside the header's trip to memory: the slots' descriptors,
         # the item list and its column blocks' fields then come from L1 after the header, not each after a trip
-        # of its own (a media row's chain: header, its index, its item's fields, its row)
+        # of its own (a media row's chain of trips to memory is then the header, its index, its row)
         prefetch(params_ptr + tl.arange(0, K.PREFETCH_LINES) * 16, K.PREFETCH)
         pid = tl.program_id(0)
         fresh = tl.load(params_ptr + K.H_LIVE)  # 1; 0: a replay with no record of its own, which writes nothing
