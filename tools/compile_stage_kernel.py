@@ -10,8 +10,8 @@ promises 16-byte alignment (taken when the host found it) and one that promises 
 the media path must have them (``expected_v4``); if a change loses the promise, they fall back to
 scalar loads and the count drops. ``registers`` is what ptxas allots a thread: with 4 warps a
 program, an SM holds ``65536 // (128 * registers)`` programs and their loads in flight, so it bounds
-the kernel's bandwidth (see the kernel's docstring). ``prefetches`` counts the L1 prefetches of the parameter
-record's first lines, ``relaxed_counts`` the ticket's count (taken early by thread 0, no fence: see the kernel).
+the kernel's bandwidth (see the kernel's docstring). ``relaxed_counts`` counts the ticket's count (taken early
+by thread 0, no fence: see the kernel).
 ``compile_s`` is the compile's wall time from an empty cache (the PTX and ptxas's cubin, the first-run cost a
 process pays per configuration), ``cubin_bytes`` the code's size. tests/ops/test_stage_kernel_codegen.py runs it.
 """
@@ -66,7 +66,6 @@ def load_counts(width: int, slab: str = "bf16", slots: bool = True, pdl: bool = 
                 loads_v4=len(re.findall(r"ld\.global[^\n]*\.v4", ptx)), expected_v4=expected,
                 registers=registers(ptx), compile_s=round(compile_s, 2), cubin_bytes=len(kernel.asm.get("cubin", b"")),
                 pdl=pdl, gdc_waits=len(re.findall(r"griddepcontrol\.wait", ptx)),
-                prefetches=len(re.findall(r"prefetch\.global\.L1", ptx)),
                 relaxed_counts=len(re.findall(r"atom\.global\.relaxed\.gpu\.add", ptx)))
 
 

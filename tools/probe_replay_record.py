@@ -20,7 +20,6 @@ variants, each its own buffers and runner captured in this process (their stager
   devdone   main, but program 0 reports the step into a device word rather than the ring's pinned one (a
             store across PCIe in every launch; the ring then never waits: the probe syncs every round).
 
-``SLABSTAGE_PREFETCH=0`` in the environment runs every variant without the kernel's L1 prefetch of the record.
 
 Each variant's rows are first checked against LightLLM's (``equal``). Device time of ``run()`` (CUDA events
 around it, behind a 256 MiB L2 flush and a 2 ms device sleep: the suites' method), medians of ``--rounds``,

@@ -94,10 +94,7 @@ SEGMENT_WORDS = 8
 # ``arange(t) * interval`` for an interval of that kind (an int; a float32; a float64)
 INTERVAL_INT, INTERVAL_F32, INTERVAL_F64 = 0, 1, 2
 SOFT_CASTS = runtime.SOFT_CASTS  # (the interpreter's casts: see slabstage.kernels.runtime)
-PREFETCH = runtime.PREFETCH  # (cache hints: see slabstage.kernels.runtime.prefetch)
 PTX = runtime.PTX  # (inline PTX: the ticket's count_in / count_out; the interpreter has none)
-PREFETCH_LINES = 32  # 128-byte lines at the start of a parameter record each program prefetches (4 KiB: every
-# record is longer, MAX_ITEM_WORDS alone being 128 KiB)
 
 
 def _device_view():

@@ -22,9 +22,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # to fp32 and casts bf16 -> fp16 through integers; the kernels then cast by bits so that CPU runs
 # match torch bit for bit.
 SOFT_CASTS = INTERPRET
-# Inline PTX: on CUDA, not under the interpreter. SLABSTAGE_PREFETCH=0: no cache hints (to measure them).
+# Inline PTX: on CUDA, not under the interpreter.
 PTX = not INTERPRET
-PREFETCH = PTX and os.environ.get("SLABSTAGE_PREFETCH", "1") != "0"
 
 if HAS_TRITON:
 
@@ -60,16 +59,6 @@ if HAS_TRITON:
             half = tl.where(y != y, 0x7FC0, bits >> 16).to(tl.uint16)
             return half.to(tl.bfloat16, bitcast=True)
         return y.to(DST)
-
-    @triton.jit
-    def prefetch(ptrs, ON: tl.constexpr):
-        """Ask the SM's L1 cache for the lines at ``ptrs`` and go on (``prefetch.global.L1``: no value comes
-        back, no fault is raised, nothing waits for it): a later load of those lines finds them there or on their
-        way rather than starting its own trip to memory. ``ON`` false (the interpreter, which has no inline
-        assembly): nothing."""
-        if ON:
-            tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                      is_pure=False, pack=1)
 
     # A count of a launch's programs, taken early and read late (inline PTX, thread 0 of each program): the
     # count's trip to L2 runs beside the program's work rather than after it, and its result stays in thread
@@ -107,7 +96,7 @@ if HAS_TRITON:
             mov.u32 $0, 0;
             }""", "=r,r,r,l,l", [count, last, word, counter], dtype=tl.int32, is_pure=False, pack=1)
 else:  # pragma: no cover
-    Constant = cast_to = prefetch = count_in = count_out = None
+    Constant = cast_to = count_in = count_out = None
 
 
 try:  # programmatic dependent launch (triton 3.4 and later)

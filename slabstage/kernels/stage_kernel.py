@@ -10,9 +10,8 @@ block), program ``i`` of them writing rows ``[(i // NUM_SLOTS) * TOKEN_ROWS, ...
 (the first block's also the per-request slots and the token count); then, with ``EMBED``, ``pad_to *
 ROW_PROGRAMS`` programs, one per ``BLOCK`` columns of a slab row (programs past them write nothing). A slot's
 chain of dependent loads runs in a program of its own, in the launch's first wave, beside the slab rows' rather
-than before one of them. Program 0 stores the step number into the ring's ``done`` word. Every program first
-asks L1 for the record's first ``PREFETCH_LINES`` lines (the header's trip brings the rest of what it reads
-there), and in a graph's record counts itself on the ticket (``H_TICKET``) once it has read ``H_LIVE``.
+than before one of them. Program 0 stores the step number into the ring's ``done`` word. In a graph's record
+every program counts itself on the ticket (``H_TICKET``) once it has read ``H_LIVE``.
 
 Registers decide the speed: the kernel's registers are those of its largest arm, so the arm without the host's
 16-byte promise (``F_TEXT_VEC``, ``F_MEDIA_VEC``: one address per element) walks its piece ``PIECE`` columns at
@@ -24,7 +23,7 @@ from __future__ import annotations
 
 from .layout import TOKEN_ROWS, device as K
 from .embed_rows import media_row, media_row_vec, text_row
-from .runtime import count_in, count_out, gdc_wait, next_pow2, prefetch, row_launch_config, tl, triton
+from .runtime import count_in, count_out, gdc_wait, next_pow2, row_launch_config, tl, triton
 from .slot_rows import copy_pad, ints, mrope_rows, store_ints
 
 __all__ = ["stage_kernel", "launch_settings", "grid_size"]
@@ -58,10 +57,6 @@ if triton is not None:
         tl.static_assert(_KEY >= 0)  # (reads the layout constants' checksum: see slabstage.kernels.layout)
         if PDL:  # launched before the work ahead of it completes (the record's copy): wait for it first
             gdc_wait()
-        # the record's first lines asked for at once, beside the header's trip to memory: the slots' descriptors,
-        # the item list and its column blocks' fields then come from L1 after the header, not each after a trip
-        # of its own (a media row's chain of trips to memory is then the header, its index, its row)
-        prefetch(params_ptr + tl.arange(0, K.PREFETCH_LINES) * 16, K.PREFETCH)
         pid = tl.program_id(0)
         fresh = tl.load(params_ptr + K.H_LIVE)  # 1; 0: a replay with no record of its own, which writes nothing
         n = tl.load(params_ptr + K.H_N) * fresh
