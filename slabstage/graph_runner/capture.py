@@ -182,9 +182,15 @@ def _capture_one(forward, buffers: StagingBuffers, stager: Stager, bucket: int, 
         if static is not None:  # smaller buckets write into the largest one's output storage
             out = into_static(out, static)
     except BaseException:
-        try:  # end the capture, but report forward's error, not capture_end's echo of it
-            if recorded:
+        # end the capture, but report forward's error, not the echoes of it: after an illegal call (a sync, an
+        # .item()) the capture is invalidated, the branch's join fails, and capture_end must still run, or the
+        # stream stays capturing
+        if recorded:
+            try:
                 stager.end_record()
+            except Exception:  # noqa: BLE001 - (an invalidated capture: capture_end below ends it all the same)
+                pass
+        try:
             graph.capture_end()
         except Exception:
             _reset_capture_state(buffers.device)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import slabstage as ss
+from slabstage.staging.errors import default_error_word
 from slabstage.staging.reference import stage_embeddings_reference
 from slabstage.ops import HAS_CUSTOM_OPS, stage_token_inputs_op
 
@@ -113,7 +114,7 @@ def test_max_padding_ratio_must_be_a_number_of_at_least_one(ratio):
 @pytest.mark.skipif(not HAS_CUSTOM_OPS, reason="needs torch.library.custom_op")
 def test_the_token_op_reports_into_the_buffers_error_word():
     buf = buffers("cuda", cache_loc_dtype=torch.int32)
-    default = ss.kernels.default_error_word(torch.device("cuda"))
+    default = default_error_word(torch.device("cuda"))
     ss.reset_errors(default)
     stage_token_inputs_op(buf, input_ids=torch.zeros(4, dtype=torch.int64, device="cuda"),
                           positions=torch.arange(4, device="cuda"),
@@ -129,11 +130,17 @@ def test_a_failed_capture_leaves_the_random_generators_usable():
             x.sum().item()  # not permitted while capturing
         return x
 
-    runner = ss.PrefillGraphRunner(forward, buffers("cuda"), buckets=[8], progress=False)
-    with pytest.raises(ss.CaptureError):
+    buf = buffers("cuda")
+    runner = ss.PrefillGraphRunner(forward, buf, buckets=[8], progress=False)
+    with pytest.raises(ss.CaptureError, match="forward raised while capturing"):
         runner.capture()
     torch.nn.Linear(8, 8, device="cuda")  # kaiming_uniform_: the CUDA generator is out of capture mode
     torch.randn(4, device="cuda")
+    assert not torch.cuda.is_current_stream_capturing()
+    batch = ss.PrefillBatch(input_ids=torch.arange(5, device="cuda"), positions=torch.arange(5, device="cuda"),
+                            table=torch.randn(16, buf.input_embeds.shape[1], device="cuda"))
+    runner.run(batch)  # the runner still runs (eagerly: no graph was kept)
+    assert runner.last_bucket is None and torch.equal(buf.input_embeds[:5], batch.table[:5])
 
 
 def test_a_slab_changed_in_place_is_checked_again():
