@@ -253,7 +253,8 @@ class EncoderCache:
         try:  # (each the handle put/get hand out for its slot now, whole and live: nothing more to check; a list
             # of handles compares them by identity first, then as tuples)
             slots = list(map(_SLOT, entries))
-            current = list(map(self.handles.__getitem__, slots)) == entries
+            listed = entries if type(entries) is list else list(entries)  # (a tuple of handles: the same check)
+            current = list(map(self.handles.__getitem__, slots)) == listed
         except (TypeError, IndexError):
             current = False
         firsts = None
