@@ -198,7 +198,8 @@ def test_run_host(benchmark, request, between_rounds, blocks, target):
     items = Items(rows // ITEMS, width, blocks)
     buffers = ss.StagingBuffers.allocate(max_num_tokens=n, max_batch_size=4, embed_width=width, embed_dtype=BF16,
                                          device=DEV)
-    runner = ss.PrefillGraphRunner(lambda v: v["input_embeds"][:1] * 2, buffers, buckets=[n], progress=False)
+    runner = ss.PrefillGraphRunner(lambda v: v["input_embeds"][:1] * 2, buffers, buckets=[n], progress=False,
+                                   verify="off")  # (the replay's host path is what is timed: see test_replay)
     runner.capture()
     table = torch.randn(1000, width, device=DEV, dtype=BF16)
     ids = torch.randint(0, 1000, (POOL, n))
@@ -217,6 +218,7 @@ def test_run_host(benchmark, request, between_rounds, blocks, target):
         run(prep[side], 0)
         slabs.append(buffers.input_embeds[:n].clone())
     assert torch.equal(*slabs), "cached entries and one media tensor staged different slabs"
+    assert runner.last_bucket == (n if DEV.type == "cuda" else None), "run() did not replay the graph"
     ab(benchmark, request, between_rounds, measure="host", prologue=prologue,
        ours=lambda p: run(p["ours"], p["i"]), reference=lambda p: run(p["reference"], p["i"]), target=target,
        case="run() host", impl=f"{ITEMS} cached {'DeepStack entries of 4 blocks' if blocks > 1 else 'entries'}",
@@ -359,7 +361,11 @@ def test_replay(benchmark, request, between_rounds, n, images, tables):
     per = rows // images
     buffers = ss.StagingBuffers.allocate(max_num_tokens=n, max_batch_size=4, embed_width=width, embed_dtype=BF16,
                                          device=DEV)
-    runner = ss.PrefillGraphRunner(lambda v: v["input_embeds"][:1] * 2, buffers, buckets=[n], progress=False)
+    # (verify="off": the case times the replay, and the runner's speed check, an eager run against a replay timed
+    # by events around host calls, is the host's launch speed for a forward of almost nothing and may drop the
+    # bucket on a slow host; what the replay staged is checked against the peer's rows below)
+    runner = ss.PrefillGraphRunner(lambda v: v["input_embeds"][:1] * 2, buffers, buckets=[n], progress=False,
+                                   verify="off")
     runner.capture()
     ids, table, _, _ = stage_inputs(n, width, seed=3)
     mi = media_index(n, rows, runs=images).to(DEV)

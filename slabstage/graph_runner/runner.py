@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..checks import check_bool, check_choice, check_int, check_real
+from ..kernels import runtime
 from ..staging.stager import Stager
 from ..staging.buffers import StagingBuffers
 from .batch import PrefillBatch
@@ -149,7 +150,8 @@ class PrefillGraphRunner:
         (the registry is frozen at once): the first batch that needs a bucket runs eagerly
         (``last_fallback == "capturing"``), and then that bucket (with the largest first, whose
         outputs every graph writes into) is captured and checked before ``run`` returns. That
-        call synchronises with the device; every later one replays.
+        call synchronises with the device; every later one replays. With ``TRITON_INTERPRET`` set (the
+        interpreter runs the kernels on the host) it raises :class:`CaptureError` on CUDA and captures nothing.
         """
         if self._graphs or self._pending:
             raise RuntimeError("already captured: call reset() before capturing again")
@@ -157,6 +159,9 @@ class PrefillGraphRunner:
         if self.eager:
             self._say(ENFORCE_EAGER if self.enforce_eager else NO_CUDA)
             return self
+        if runtime.INTERPRET:
+            raise CaptureError("TRITON_INTERPRET is set: Triton's interpreter runs the staging kernel on the host, "
+                               "which a CUDA graph cannot capture; unset it on a GPU, or pass enforce_eager=True")
         if lazy:
             self._pending = set(self.buckets)
             self._routes()

@@ -32,6 +32,17 @@ def no_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
+def settled_stagers() -> int:
+    """Stagers alive once everything collectable is collected and the device has run all it was given: a baseline
+    that tests before left no trace in (a stager they let go of while a graph was captured records its event only
+    at the next sweep, which the second synchronize lets finish)."""
+    gc.collect()
+    torch.cuda.synchronize()
+    stager_module.live_stagers()
+    torch.cuda.synchronize()
+    return stager_module.live_stagers()
+
+
 def allocate(T=64):
     return StagingBuffers.allocate(max_num_tokens=T, max_batch_size=4, embed_width=W, embed_dtype=torch.bfloat16,
                                    device=DEV)
@@ -247,10 +258,7 @@ def test_slab_views_staged_then_dropped_give_memory_back():
     warm = torch.zeros(4, W, dtype=torch.bfloat16, device=DEV)
     stage_embeddings(warm, torch.arange(3, device=DEV), table, errors=errors)  # (compiles the kernel)
     del warm
-    torch.cuda.synchronize()
-    gc.collect()
-    stager_module.live_stagers()
-    live0, mem0 = stager_module.live_stagers(), torch.cuda.memory_allocated()
+    live0, mem0 = settled_stagers(), torch.cuda.memory_allocated()
     base = torch.zeros(256, W, dtype=torch.bfloat16, device=DEV)
     ids = [torch.randint(0, 50, (n,), generator=g).to(DEV) for n in range(1, 201)]
     with no_sync():
@@ -279,9 +287,7 @@ def test_a_dropped_stager_outlives_its_queued_work():
     block stay until that work has run, then go; the next stager gets a fresh ring."""
     table = torch.randn(20, W).to(DEV)
     errors = new_error_word(DEV)
-    gc.collect()
-    torch.cuda.synchronize()
-    live0 = stager_module.live_stagers()
+    live0 = settled_stagers()
     slab = torch.zeros(16, W, dtype=torch.bfloat16, device=DEV)
     ids = torch.arange(16, device=DEV) % 20
     torch.cuda._sleep(40 * BUSY)  # (~1 s: longer than a new stager's pinned ring and a full gc.collect() take)

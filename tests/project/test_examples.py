@@ -1,5 +1,5 @@
 """examples/quickstart.py runs as written (eagerly on CPU, the kernels under the Triton interpreter; replayed
-on CUDA), and the README's example is its marked part, word for word."""
+on CUDA, the real kernels), and the README's example is its marked part, word for word."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _marked(text: str) -> str:
 
 def test_quickstart_runs():
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"), PYTHONPATH=path)
+    env = dict(os.environ, PYTHONPATH=path)  # (TRITON_INTERPRET as conftest set it: 1 without a GPU, else unset)
     proc = subprocess.run([sys.executable, str(QUICKSTART)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

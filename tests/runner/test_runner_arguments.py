@@ -45,3 +45,21 @@ def test_forward_returning_a_0d_tensor_is_refused_clearly(out, device, stage_pat
     if device.type == "cuda":  # (capture names the bucket and keeps nothing: CaptureError, with the same words)
         with pytest.raises(CaptureError, match="forward must return tensors whose first axis is the token axis"):
             runner.capture()
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_capture_under_the_interpreter_is_refused_clearly(monkeypatch, lazy):
+    """On CUDA with TRITON_INTERPRET set, capture() raises (the interpreter runs the kernels on the host, which a
+    graph cannot capture) before it stages anything or freezes the registry; here a CPU runner stands in for one
+    on CUDA."""
+    from slabstage.kernels import runtime
+    buf = buffers()
+    before = {name: buf.registry[name].clone() for name in buf.registry}
+    runner = ss.PrefillGraphRunner(lambda v: v["input_embeds"], buf, buckets=[8, 16], progress=False)
+    monkeypatch.setattr(runner, "eager", False)
+    monkeypatch.setattr(runtime, "INTERPRET", True)
+    with pytest.raises(CaptureError, match="TRITON_INTERPRET is set: .* cannot capture; unset it on a GPU, or pass "
+                                           "enforce_eager=True"):
+        runner.capture(lazy=lazy)
+    assert not runner.captured and not buf.registry._frozen
+    assert all(torch.equal(buf.registry[name], t) for name, t in before.items())
