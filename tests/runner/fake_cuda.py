@@ -7,6 +7,7 @@ import contextlib
 import torch
 
 import slabstage.graph_runner.capture as capture
+import slabstage.kernels.runtime as runtime
 import slabstage.graph_runner.outputs as outputs
 
 CAPTURING = [None]  # the graph being captured, or None
@@ -72,6 +73,7 @@ def install(monkeypatch):
     monkeypatch.setattr(capture, "capture_stream", lambda device: Stream())
     monkeypatch.setattr(capture, "into_static", _into_static)
     monkeypatch.setattr(capture, "_reset_capture_state", lambda device: None)
+    monkeypatch.setattr(runtime, "INTERPRET", False)  # (a fake graph re-runs the interpreter's kernels: it captures)
 
 
 def forward_that_fails_capturing(buckets=()):
