@@ -7,6 +7,7 @@ refused, never read. Rows that queued work still reads are reused only after tha
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict, deque
 from itertools import accumulate, chain
 from operator import add, itemgetter, le
@@ -19,6 +20,7 @@ from .reads import Reads
 from .rows import Rows
 
 _SLOT = itemgetter(1)  # (an Entry's slot)
+_QUAD = struct.Struct("<4q")  # (a slot's item fields as the parameter record holds them: four int64 words)
 
 __all__ = ["EncoderCache", "Entry", "StaleEntryError", "CacheFullError"]
 
@@ -79,7 +81,7 @@ class EncoderCache:
         self.ats: list = []  # per slot: its first row in its tier's arena
         self.lens: list = []  # per slot: its rows
         self.quads: list = []  # per slot: its item fields in a parameter record (first row's address, row stride, 0,
-        # width)
+        # width), packed as the record's words (_QUAD): a batch's are joined, not unpacked
         self.fits = None  # (device, slab width, text width, expand): the last destinations staging checked it for
         self.handles: list = []  # per slot: the handle of its whole entry (made once a generation: a hit is a lookup)
         self._spare: list = []  # free slots
@@ -247,8 +249,9 @@ class EncoderCache:
     # -- staging ---------------------------------------------------------------------------
     def locate(self, entries) -> tuple:
         """``(starts, fields, rows, slots)`` of ``entries``, a list or tuple of :class:`Entry` (nothing else), for the
-        parameter record's item list: each item's first media row, per item ``(address, row stride, 0, width)``,
-        the rows in all, the entries read. Raises :class:`StaleEntryError` for a handle whose entry is gone,
+        parameter record's item list: each item's first media row, per item ``(address, row stride, 0, width)``
+        (packed as the record's int64 words, or a list of them for parts of entries), the rows in all, the entries
+        read. Raises :class:`StaleEntryError` for a handle whose entry is gone,
         ``ValueError`` for one of another cache."""
         try:  # (each the handle put/get hand out for its slot now, whole and live: nothing more to check; a list
             # of handles compares them by identity first, then as tuples)
@@ -270,8 +273,10 @@ class EncoderCache:
             slots = list(slots)
         if self._written:
             self._after_writes(slots)
-        fields = list(chain.from_iterable(map(self.quads.__getitem__, slots)))
-        if firsts is not None and firsts.count(0) != len(firsts):  # parts of entries: their first rows
+        if firsts is None or firsts.count(0) == len(firsts):
+            fields = b"".join(map(self.quads.__getitem__, slots))
+        else:  # parts of entries: their first rows
+            fields = list(chain.from_iterable(map(_QUAD.unpack, map(self.quads.__getitem__, slots))))
             rb = self.row_bytes
             fields[0::4] = [a + f * rb for a, f in zip(fields[0::4], firsts)]
         starts = list(accumulate(rows, initial=0))
@@ -332,7 +337,7 @@ class EncoderCache:
             self.reads.grow(slot + 1)
             self.writes.grow(slot + 1)
         self.keys[slot], self.tiers[slot], self.ats[slot], self.lens[slot] = key, DEVICE, at, rows
-        self.quads[slot] = (self.bases[DEVICE] + at * self.row_bytes, self.width, 0, self.width)
+        self.quads[slot] = _QUAD.pack(self.bases[DEVICE] + at * self.row_bytes, self.width, 0, self.width)
         self.gens[slot] += 1
         self._slot_of[key] = slot
         self.lru[DEVICE][slot] = None
@@ -396,7 +401,7 @@ class EncoderCache:
             stream = torch.cuda.current_stream(self.device)
             self._written[slot] = (stream.record_event(), stream.cuda_stream)
         self.tiers[slot], self.ats[slot] = HOST, at
-        self.quads[slot] = (self.bases[HOST] + at * self.row_bytes, self.width, 0, self.width)
+        self.quads[slot] = _QUAD.pack(self.bases[HOST] + at * self.row_bytes, self.width, 0, self.width)
         self.lru[HOST][slot] = None
 
     def _drop(self, slot: int) -> None:

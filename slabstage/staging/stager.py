@@ -209,7 +209,7 @@ class Stager:
 
     def _write(self, c: Checked, own_params: bool, replay: bool) -> None:
         config, plan, segments = c.config, c.media, c.segments
-        item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
+        item_words = 0 if plan is None else len(plan.starts) + plan.field_words
         seg_words = 0 if segments is None else len(segments)  # (their room was checked with the batch)
         base = self._graph_base if replay else self._base  # (host inputs in the record: read where it is copied)
         if own_params:  # a device parameter record of its own (in the capturing graph's pool), kept with its host one
@@ -247,7 +247,13 @@ class Stager:
         values[H_STEP], values[H_WORDS], values[H_N], values[H_B], values[H_PAD_TO] = step, words, c.n, c.b, c.pad_to
         self._dynamic.pack_into(mv, 8 * at, *values)
         if plan is not None:
-            _words(item_words).pack_into(mv, 8 * (at + self._items_at), *plan.starts, *plan.fields)
+            o, fields = 8 * (at + self._items_at), plan.fields
+            if type(fields) is bytes:  # (cache entries: their fields packed already)
+                _words(len(plan.starts)).pack_into(mv, o, *plan.starts)
+                o += 8 * len(plan.starts)
+                mv[o:o + len(fields)] = fields
+            else:
+                _words(item_words).pack_into(mv, o, *plan.starts, *fields)
         if seg_words:
             _words(seg_words).pack_into(mv, 8 * (at + self._items_at + item_words), *segments)
         for off, addr, row, rows, stride in parts:  # host inputs, row by row (mrope rows may lie apart)

@@ -376,7 +376,7 @@ def _refuse(misfit: tuple) -> None:
 def _check_room(plan: MediaPlan | None, segments: list | None) -> None:
     """The media items' and the mrope segments' lists fit the parameter record's room for them (on every path:
     the reference has no parameter record, and answers as the kernel does)."""
-    item_words = 0 if plan is None else len(plan.starts) + len(plan.fields)
+    item_words = 0 if plan is None else len(plan.starts) + plan.field_words
     seg_words = 0 if segments is None else len(segments)
     if item_words + seg_words > MAX_ITEM_WORDS:
         what = f"media has {len(plan.starts)} items of {plan.column_blocks} column blocks" if plan is not None else ""
@@ -428,12 +428,18 @@ class MediaPlan(NamedTuple):
     width: int
     dtype: torch.dtype
     starts: list  # first media row of each item
-    fields: list  # (address, row stride, first column, end column) per item and block
+    fields: list | bytes  # (address, row stride, first column, end column) per item and block; or those words
+    # packed as the parameter record holds them (cache entries)
     column_blocks: int  # column blocks per item in ``fields`` (an item with fewer is padded)
     vec: bool  # every address, row stride and block column in whole 16-byte vectors
     lows: list  # the bytes every block read spans (a block with rows and columns): first,
     highs: list  # and end
     entries: tuple | None = None  # media of cache entries: (the EncoderCache, the slots read)
+
+    @property
+    def field_words(self) -> int:
+        """The words of ``fields`` in a parameter record."""
+        return len(self.fields) >> 3 if type(self.fields) is bytes else len(self.fields)
 
     @property
     def items(self) -> tuple:
