@@ -7,6 +7,8 @@ tests marked ``cuda`` replay graphs and check the read events.
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -90,6 +92,26 @@ def test_host_tier_entries_equal_tensor(device):
     stage(a, ids, table, media=entries, media_index=index)
     stage(b, ids, table, media=torch.cat(items), media_index=index)
     assert same_bytes(a, b)
+
+
+def test_locate_gives_each_items_words_as_the_record_holds_them(device):
+    """locate: whole entries (either tier) give their item words packed as the parameter record's int64 words, parts
+    of entries a list; either way (address of the first row read, row stride, 0, width) per item, in order."""
+    g = gen(5)
+    W = 24
+    cache = cache_for(W, BF16, device, rows=16, host_rows=32)
+    for i, r in enumerate((6, 7, 5, 4)):
+        cache.put(i, randn(g, r, W, BF16, device))
+    entries = [cache.get(i) for i in (3, 0, 2, 1)]
+    assert {cache.tier(e) for e in entries} == {"host", "device"}
+    starts, fields, rows, _ = cache.locate(entries)
+    assert type(fields) is bytes and starts == [0, 4, 10, 15] and rows == 22
+    assert list(struct.unpack(f"<{len(fields) // 8}q", fields)) == [
+        w for e in entries for w in (cache.rows_of(e).data_ptr(), W, 0, W)]
+    parts = [entries[0].part(1, 3), entries[1]]
+    starts, fields, rows, _ = cache.locate(parts)
+    assert type(fields) is list and starts == [0, 2] and rows == 8
+    assert fields == [cache.rows_of(parts[0]).data_ptr(), W, 0, W, cache.rows_of(parts[1]).data_ptr(), W, 0, W]
 
 
 def test_reserve_writes_in_place(device):
