@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict, deque
-from itertools import accumulate, chain
+from itertools import accumulate
 from operator import add, itemgetter, le
 
 import torch
@@ -250,9 +250,8 @@ class EncoderCache:
     def locate(self, entries) -> tuple:
         """``(starts, fields, rows, slots)`` of ``entries``, a list or tuple of :class:`Entry` (nothing else), for the
         parameter record's item list: each item's first media row, per item ``(address, row stride, 0, width)``
-        (packed as the record's int64 words, or a list of them for parts of entries), the rows in all, the entries
-        read. Raises :class:`StaleEntryError` for a handle whose entry is gone,
-        ``ValueError`` for one of another cache."""
+        packed as the record's int64 words, the rows in all, the entries read. Raises :class:`StaleEntryError` for
+        a handle whose entry is gone, ``ValueError`` for one of another cache."""
         try:  # (each the handle put/get hand out for its slot now, whole and live: nothing more to check; a list
             # of handles compares them by identity first, then as tuples)
             slots = list(map(_SLOT, entries))
@@ -273,12 +272,13 @@ class EncoderCache:
             slots = list(slots)
         if self._written:
             self._after_writes(slots)
+        quads = map(self.quads.__getitem__, slots)
         if firsts is None or firsts.count(0) == len(firsts):
-            fields = b"".join(map(self.quads.__getitem__, slots))
+            fields = b"".join(quads)
         else:  # parts of entries: their first rows
-            fields = list(chain.from_iterable(map(_QUAD.unpack, map(self.quads.__getitem__, slots))))
             rb = self.row_bytes
-            fields[0::4] = [a + f * rb for a, f in zip(fields[0::4], firsts)]
+            fields = b"".join(_QUAD.pack(a + f * rb, stride, c0, c1)
+                              for (a, stride, c0, c1), f in zip(map(_QUAD.unpack, quads), firsts))
         starts = list(accumulate(rows, initial=0))
         return starts, fields, starts.pop(), slots
 

@@ -428,8 +428,8 @@ class MediaPlan(NamedTuple):
     width: int
     dtype: torch.dtype
     starts: list  # first media row of each item
-    fields: list | bytes  # (address, row stride, first column, end column) per item and block; or those words
-    # packed as the parameter record holds them (cache entries)
+    fields: list | bytes  # (address, row stride, first column, end column) per item and block: for cache entries,
+    # packed as the parameter record holds them
     column_blocks: int  # column blocks per item in ``fields`` (an item with fewer is padded)
     vec: bool  # every address, row stride and block column in whole 16-byte vectors
     lows: list  # the bytes every block read spans (a block with rows and columns): first,

@@ -232,8 +232,7 @@ def run_two_streams(ops, device_rows: int, host_rows: int) -> None:
                 assert total == sum(b - a for _, _, a, b in parts) and starts == [
                     sum(b - a for _, _, a, b in parts[:i]) for i in range(len(parts))]
                 reads = [(cache.rows_of(p), values[k][a:b]) for k, p, a, b in parts]
-                if type(fields) is bytes:  # (whole entries: their fields packed as the parameter record holds them)
-                    fields = struct.unpack(f"<{len(fields) // 8}q", fields)
+                fields = struct.unpack(f"<{len(fields) // 8}q", fields)  # (packed as the parameter record holds them)
                 assert all(f[0] == v.data_ptr() for f, (v, _) in zip(zip(*[iter(fields)] * 4), reads) if v.numel())
                 stream.enqueue(lambda reads=reads: seen.extend((v.clone(), want) for v, want in reads))
                 cache.reads.note(slots, stream=(stream.cuda_stream, stream))

@@ -95,8 +95,8 @@ def test_host_tier_entries_equal_tensor(device):
 
 
 def test_locate_gives_each_items_words_as_the_record_holds_them(device):
-    """locate: whole entries (either tier) give their item words packed as the parameter record's int64 words, parts
-    of entries a list; either way (address of the first row read, row stride, 0, width) per item, in order."""
+    """locate: entries (either tier) and parts of them give their item words packed as the parameter record's int64
+    words: (address of the first row read, row stride, 0, width) per item, in order."""
     g = gen(5)
     W = 24
     cache = cache_for(W, BF16, device, rows=16, host_rows=32)
@@ -110,8 +110,9 @@ def test_locate_gives_each_items_words_as_the_record_holds_them(device):
         w for e in entries for w in (cache.rows_of(e).data_ptr(), W, 0, W)]
     parts = [entries[0].part(1, 3), entries[1]]
     starts, fields, rows, _ = cache.locate(parts)
-    assert type(fields) is list and starts == [0, 2] and rows == 8
-    assert fields == [cache.rows_of(parts[0]).data_ptr(), W, 0, W, cache.rows_of(parts[1]).data_ptr(), W, 0, W]
+    assert starts == [0, 2] and rows == 8
+    assert struct.unpack("<8q", fields) == (cache.rows_of(parts[0]).data_ptr(), W, 0, W,
+                                            cache.rows_of(parts[1]).data_ptr(), W, 0, W)
 
 
 def test_reserve_writes_in_place(device):
