@@ -33,9 +33,11 @@ def no_sync():
 
 
 def settled_stagers() -> int:
-    """Stagers alive once everything collectable is collected and the device has run all it was given: a baseline
-    that tests before left no trace in (a stager they let go of while a graph was captured records its event only
-    at the next sweep, which the second synchronize lets finish)."""
+    """Stagers alive once the ops' cache is emptied, everything collectable is collected and the device has run all
+    it was given: a baseline that tests before left no trace in. (The cache may hold stagers of destinations that
+    earlier tests keep alive, which a test's own slabs then evict; a stager let go of while a graph was captured
+    records its event only at the next sweep, which the second synchronize lets finish.)"""
+    op_stagers.clear()
     gc.collect()
     torch.cuda.synchronize()
     stager_module.live_stagers()
